@@ -1,0 +1,210 @@
+"""Solver runners and the shared timing code.
+
+Every solver is wrapped as a ``Prepared``: ``run(args)`` performs one complete solve
+over ``prob.ts`` for the parameter vector ``args`` (the thing that is timed), and
+``result(out, args)`` turns its output into ``(ys, steps)`` afterwards (untimed).
+``measure`` times any ``Prepared``; ``batch_sequential`` / ``batch_vmap`` time
+parameter sweeps.  Solvers: casadi IDAS, scikit-sundae IDA, diffrax Kvaerno5 and
+(when importable) daeadjoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import statistics
+import tempfile
+import time
+from typing import Any, Callable
+
+import casadi as ca
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from sksundae.ida import IDA
+
+from problems import JAX, Problem, casadi_dae, jax_ode, jax_residual, numpy_residual
+
+MAX_STEPS = 100_000
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A ready-to-time solver for one problem."""
+
+    label: str
+    run: Callable[[np.ndarray], Any]  # args -> raw output (timed)
+    result: Callable[[Any, np.ndarray], tuple[np.ndarray, int]]  # -> (ys (nt, n), steps)
+    setup_s: float = 0.0  # time spent building it (casadi: SX + jit compile)
+
+
+def _timed(fn: Callable, *a) -> tuple[float, Any]:
+    t = time.perf_counter()
+    out = fn(*a)
+    return time.perf_counter() - t, out
+
+
+# --------------------------------------------------------------------------- timing
+def measure(prep: Prepared, args: np.ndarray, repeats: int) -> dict:
+    """Time one solve: the first call (warm-up) then the median of ``repeats`` calls.
+
+    compile_or_setup_s = build time + (first call - median), i.e. everything that a
+    second identical solve does not pay again (JIT compilation for JAX, SX
+    construction and C compilation for casadi).
+    """
+    first, out = _timed(prep.run, args)
+    walls = [_timed(prep.run, args)[0] for _ in range(repeats)]
+    median = statistics.median(walls)
+    ys, steps = prep.result(out, args)
+    return dict(
+        label=prep.label,
+        wall_median_s=median,
+        compile_or_setup_s=prep.setup_s + max(first - median, 0.0),
+        steps=int(steps),
+        ys=np.asarray(ys),
+        y_final=np.asarray(ys)[-1],
+    )
+
+
+def batch_sequential(prep: Prepared, args_batch: np.ndarray) -> dict:
+    """Total wall time of solving every parameter set one after another (already warm)."""
+    t = time.perf_counter()
+    outs = [prep.run(a) for a in args_batch]
+    total = time.perf_counter() - t
+    finals = np.stack([prep.result(o, a)[0][-1] for o, a in zip(outs, args_batch)])
+    return dict(label=prep.label + " sequential", total_s=total, compile_or_setup_s=prep.setup_s,
+                y_final=finals)
+
+
+def batch_vmap(label: str, solve: Callable, args_batch: np.ndarray, repeats: int = 1) -> dict:
+    """``jax.jit(jax.vmap(solve))`` over the batch: compile time, then median total wall time."""
+    fn = jax.jit(jax.vmap(solve))
+    first, (ys, steps) = _timed(lambda: jax.block_until_ready(fn(args_batch)))
+    walls = [_timed(lambda: jax.block_until_ready(fn(args_batch)))[0] for _ in range(repeats)]
+    total = statistics.median(walls)
+    return dict(label=label + " vmap", total_s=total, compile_or_setup_s=max(first - total, 0.0),
+                y_final=np.asarray(ys)[:, -1], steps_max=int(np.max(steps)))
+
+
+def max_rel_diff(y, ref, atol) -> float:
+    """max_i |y_i - ref_i| / max(|ref_i|, atol_i)  (atol floors near-zero references)."""
+    return float(np.max(np.abs(y - ref) / np.maximum(np.abs(ref), atol)))
+
+
+# --------------------------------------------------------------------------- casadi IDAS
+def prepare_casadi(prob: Problem, jit: bool = True) -> Prepared:
+    """casadi IDAS on the semi-explicit form; SX residual + exact sparse Jacobian.
+
+    With ``jit`` the residual and Jacobian are C-compiled with gcc (compiler 'shell');
+    falls back to the SX virtual machine when that fails.  IDAS gets the per-component
+    ``abstolv`` (in [x; z] order) and a consistent ``init_xdot``; IDACalcIC (casadi's
+    default) then only re-checks consistency, which also covers batch parameters.
+    (Without ``init_xdot`` IDACalcIC fails on Robertson: it starts from xdot = 0 with a
+    step scaled by the last output time 4e10.)  Linear solver: casadi's default sparse
+    'qr', measured faster here than 'csparse' (heat: 4.6 vs 8.3 ms).
+    """
+    atol = np.concatenate([prob.atol[prob.diff_idx], prob.atol[prob.alg_idx]])
+    opts = dict(reltol=prob.rtol, abstolv=list(atol), max_num_steps=MAX_STEPS,
+                init_xdot=list(prob.yp0(prob.args)[prob.diff_idx]))
+    t = time.perf_counter()
+    dae = casadi_dae(prob)
+    F, label = None, "IDAS (casadi, SX)"
+    if jit:
+        try:  # casadi writes and dlopens the C file in the cwd: use a scratch dir
+            with contextlib.chdir(tempfile.mkdtemp(prefix="casadi_jit_")):
+                F = ca.integrator("F", "idas", dae, prob.t0, prob.ts,
+                                  dict(opts, jit=True, compiler="shell",
+                                       jit_options=dict(flags=["-O2"])))
+            label = "IDAS (casadi, jit)"
+        except RuntimeError as e:
+            print(f"casadi jit unavailable, using SX: {str(e).splitlines()[-1]}")
+    if F is None:
+        F = ca.integrator("F", "idas", dae, prob.t0, prob.ts, opts)
+    setup = time.perf_counter() - t
+    x0, z0 = prob.y0[prob.diff_idx], prob.y0[prob.alg_idx]
+
+    def run(args):
+        return F(x0=x0, z0=z0, p=args)
+
+    def result(out, args):
+        ys = prob.assemble(np.asarray(out["xf"]), np.asarray(out["zf"]), np).T
+        return ys, F.stats()["nsteps"]
+
+    return Prepared(label, run, result, setup)
+
+
+# --------------------------------------------------------------------------- scikit-sundae
+def prepare_sksundae(prob: Problem) -> Prepared:
+    """scikit-sundae IDA on the fully implicit numpy residual.
+
+    Jacobian by SUNDIALS difference quotients: dense, or banded when the problem has a
+    bandwidth (heat: half-bandwidth M, as in idasHeat2D_bnd).  The IDA object is built
+    inside ``run`` (parameters travel as ``userdata``; construction costs microseconds).
+    Quirk: sksundae tests ``if userdata`` (truthiness), which raises for numpy arrays of
+    length > 1, so the parameters are passed as a tuple of floats.
+    sksundae reports no step count, so ``result`` re-integrates once in 'onestep' mode
+    (untimed) and counts the internal steps.
+    """
+    resfn = numpy_residual(prob)
+    kw = dict(rtol=prob.rtol, atol=prob.atol, algebraic_idx=prob.alg_idx,
+              max_num_steps=MAX_STEPS)
+    if prob.bandwidth:
+        kw.update(linsolver="band", lband=prob.bandwidth, uband=prob.bandwidth)
+
+    def run(args):
+        return IDA(resfn, userdata=tuple(args), **kw).solve(prob.ts_with_t0, prob.y0, prob.yp0(args))
+
+    def result(out, args):
+        if not out.success:
+            raise RuntimeError(f"sksundae: {out.message}")
+        solver = IDA(resfn, userdata=tuple(args), **kw)
+        solver.init_step(prob.t0, prob.y0, prob.yp0(args))
+        steps, t = 0, prob.t0
+        while t < prob.t1:
+            t = solver.step(prob.t1, method="onestep", tstop=prob.t1).t
+            steps += 1
+        return out.y[1:], steps
+
+    return Prepared("IDA (scikit-sundae)", run, result)
+
+
+# --------------------------------------------------------------------------- JAX solvers
+def diffrax_solve(prob: Problem) -> Callable:
+    """args -> (ys (nt, n), num_steps): diffrax Kvaerno5 + PID control on the ODE form."""
+    vector_field, to_full = jax_ode(prob)
+    term, solver = diffrax.ODETerm(vector_field), diffrax.Kvaerno5()
+    controller = diffrax.PIDController(rtol=prob.rtol, atol=jnp.asarray(prob.atol[prob.diff_idx]))
+    x0, saveat = jnp.asarray(prob.y0[prob.diff_idx]), diffrax.SaveAt(ts=jnp.asarray(prob.ts))
+
+    def solve(args):
+        sol = diffrax.diffeqsolve(term, solver, prob.t0, prob.t1, None, x0, args=args,
+                                  saveat=saveat, stepsize_controller=controller,
+                                  max_steps=MAX_STEPS)
+        return jax.vmap(to_full, (0, None))(sol.ys, args), sol.stats["num_steps"]
+
+    return solve
+
+
+def daeadjoint_solve(prob: Problem) -> Callable:
+    """args -> (ys (nt, n), num_steps) via ``daeadjoint.solve`` on the implicit residual."""
+    import daeadjoint as dae
+
+    residual = jax_residual(prob)
+    y0, ts, atol = jnp.asarray(prob.y0), jnp.asarray(prob.ts), jnp.asarray(prob.atol)
+
+    def solve(args):
+        sol = dae.solve(residual, prob.t0, prob.t1, y0, prob.yp0(args, JAX), args,
+                        saveat=ts, algebraic=prob.algebraic, rtol=prob.rtol, atol=atol,
+                        max_steps=MAX_STEPS)
+        return sol.ys, sol.stats["num_steps"]
+
+    return solve
+
+
+def prepare_jax(label: str, solve: Callable) -> Prepared:
+    """``jax.jit(solve)``; each run blocks until the result is ready."""
+    fn = jax.jit(solve)
+    return Prepared(label,
+                    run=lambda args: jax.block_until_ready(fn(args)),
+                    result=lambda out, args: (np.asarray(out[0]), int(out[1])))

@@ -1,0 +1,125 @@
+"""The variable-order BDF of IDAS in fixed-leading-coefficient form (seed 002 §6.2.2).
+
+The solution history is kept as modified divided differences φ_0 … φ_5 (rows of `phi`),
+with ψ_i = t_n − t_{n−i−1} the step-size history. Everything here is a pure function on
+those arrays; loops over the order are vectorized (cumulative sums and products) so the
+traced step does not grow with the maximum order.
+
+Notation follows IDAS: k is the order of the step being attempted, k_used the order of
+the last successful step, h_used its size, ns the number of steps taken at constant
+step size and order.
+"""
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+MAXORD = 5
+NPHI = MAXORD + 1
+_ORDERS = jnp.arange(NPHI)
+
+
+def set_coefficients(psi_old, h, k, k_used, h_used, ns_old, dtype) -> dict:
+    """IDAS `IDASetCoeffs`: the BDF coefficients for a step of size h at order k.
+
+    With ψ'_0 = h, ψ'_i = ψ_{i−1} + h (i = 1..k):
+        α_i = h/ψ'_i,  β_i = Π_{j≤i} ψ'_{j−1}/ψ_{j−1},  σ_i = i! Π_{j≤i} α_j,
+        γ_i = Σ_{j<i} α_j / h,
+    cj = −α_s/h with α_s = −Σ_{i<k} 1/(i+1) (the fixed leading coefficient of (6.3)), and
+    the error constant ck = max(|α_k + α_s − α_0|, α_k) of the local error test (6.9).
+    ns counts the steps taken at constant h and k (capped at k_used + 2); IDAS skips the
+    recomputation when ns > k + 1 because the formulas then reproduce the previous
+    values, so computing them every step (as here) gives the same coefficients.
+    """
+    i = _ORDERS
+    ns = jnp.where((h != h_used) | (k != k_used), 0, ns_old)
+    ns = jnp.minimum(ns + 1, k_used + 2)
+    active = i <= k
+    psi_shift = jnp.concatenate([jnp.zeros((1,), dtype), psi_old[:-1]])
+    psi_new = jnp.where(active, psi_shift + h, psi_old)
+    safe_old = jnp.where(psi_shift == 0, 1.0, psi_shift)
+    # β_i = Π_{1≤j≤i} ψ'_{j−1}/ψ_{j−1}; roll(psi_new)[i] = ψ'_{i−1}, psi_shift[i] = ψ_{i−1}.
+    ratio = jnp.where((i >= 1) & active, jnp.roll(psi_new, 1) / safe_old, 1.0)
+    beta = jnp.cumprod(ratio)
+    alpha = jnp.where(active, h / jnp.where(active, psi_new, 1.0), 0.0)
+    alpha = alpha.at[0].set(1.0)
+    sigma = jnp.cumprod(jnp.where((i >= 1) & active, i * alpha, 1.0))
+    gamma = jnp.concatenate([jnp.zeros((1,), dtype), jnp.cumsum(alpha[:-1]) / h])
+    alpha_s = -jnp.sum(jnp.where(i < k, 1.0 / (i + 1), 0.0))
+    alpha_0 = -jnp.sum(jnp.where(i < k, alpha, 0.0))
+    alpha_k = alpha[k]
+    ck = jnp.maximum(jnp.abs(alpha_k + alpha_s - alpha_0), alpha_k)
+    cj = -alpha_s / h
+    return dict(psi=psi_new, alpha=alpha, beta=beta, sigma=sigma, gamma=gamma,
+                cj=cj, ck=ck, ns=ns)
+
+
+def scale_history(phi, beta, ns, k):
+    """φ_i ← β_i φ_i for ns ≤ i ≤ k: the divided differences re-expressed for the new
+    step size (IDAS's φ*)."""
+    scale = jnp.where((_ORDERS >= ns) & (_ORDERS <= k), beta, 1.0)
+    return phi * scale[:, None]
+
+
+def predict(phi, gamma, k):
+    """Predictor: y_(0) = Σ_{j≤k} φ_j,  y'_(0) = Σ_{1≤j≤k} γ_j φ_j."""
+    w_y = (_ORDERS <= k).astype(phi.dtype)
+    w_yp = jnp.where((_ORDERS >= 1) & (_ORDERS <= k), gamma, 0.0)
+    return w_y @ phi, w_yp @ phi
+
+
+def complete_history(phi, ee, k_used):
+    """IDAS `IDACompleteStep` history update after an accepted step with correction ee:
+    φ_{k+1} ← ee (kept for the order-raise estimate), φ_k ← φ_k + ee, then
+    φ_j ← φ_j + φ_{j+1} for j = k−1..0 (a reverse cumulative sum over rows 0..k)."""
+    rows = _ORDERS[:, None]
+    phi = phi + jnp.where(rows == k_used, ee[None, :], 0.0)
+    low = jnp.where(rows <= k_used, phi, 0.0)
+    cumulative = jnp.flip(jnp.cumsum(jnp.flip(low, 0), 0), 0)
+    phi = jnp.where(rows <= k_used, cumulative, phi)
+    return jnp.where((rows == k_used + 1) & (k_used < MAXORD), ee[None, :], phi)
+
+
+def interpolation_weights(t, t_n, psi, k_used):
+    """IDAS `IDAGetSolution`: weights (c_j, d_j) with y(t) = Σ c_j φ_j and
+    y'(t) = Σ d_j φ_j, the interpolating polynomial of the last step (order k_used,
+    at least 1), valid for t_n − h_used ≤ t ≤ t_n (and mild extrapolation)."""
+    k_ord = jnp.maximum(k_used, 1)
+    delta = t - t_n
+
+    def step(carry, j):
+        c, d, gam = carry
+        d_new = d * gam + c / psi[j - 1]
+        c_new = c * gam
+        gam_new = (delta + psi[j - 1]) / psi[j]
+        use = j <= k_ord
+        out = (jnp.where(use, c_new, 0.0), jnp.where(use, d_new, 0.0))
+        return (c_new, d_new, gam_new), out
+
+    one = jnp.ones((), t.dtype)
+    _, (c, d) = jax.lax.scan(step, (one, 0 * one, delta / psi[0]), jnp.arange(1, NPHI))
+    c = jnp.concatenate([one[None], c])
+    d = jnp.concatenate([0 * one[None], d])
+    return c, d
+
+
+def interpolate(phi, c, d):
+    return c @ phi, d @ phi
+
+
+def wrms(v: Float[Array, " n"], weights: Float[Array, " n"]) -> Float[Array, ""]:
+    """Weighted root-mean-square norm (seed 002 (6.5)); length n even where weights
+    are zero (IDAS's masked norm for suppressed algebraic components)."""
+    if v.shape[0] == 0:
+        return jnp.zeros((), v.dtype)
+    return jnp.sqrt(jnp.mean((v * weights) ** 2))
+
+
+def error_weights(y, rtol, atol):
+    """W_i = 1/(rtol |y_i| + atol_i), seed 002 (6.5)."""
+    return 1.0 / (rtol * jnp.abs(y) + atol)
+
+
+__all__ = ["MAXORD", "NPHI", "set_coefficients", "scale_history", "predict",
+           "complete_history", "interpolation_weights", "interpolate", "wrms",
+           "error_weights"]
