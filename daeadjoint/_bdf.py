@@ -32,6 +32,7 @@ def set_coefficients(psi_old, h, k, k_used, h_used, ns_old, dtype) -> dict:
     values, so computing them every step (as here) gives the same coefficients.
     """
     i = _ORDERS
+    fi = i.astype(dtype)
     ns = jnp.where((h != h_used) | (k != k_used), 0, ns_old)
     ns = jnp.minimum(ns + 1, k_used + 2)
     active = i <= k
@@ -43,9 +44,9 @@ def set_coefficients(psi_old, h, k, k_used, h_used, ns_old, dtype) -> dict:
     beta = jnp.cumprod(ratio)
     alpha = jnp.where(active, h / jnp.where(active, psi_new, 1.0), 0.0)
     alpha = alpha.at[0].set(1.0)
-    sigma = jnp.cumprod(jnp.where((i >= 1) & active, i * alpha, 1.0))
+    sigma = jnp.cumprod(jnp.where((i >= 1) & active, fi * alpha, 1.0))
     gamma = jnp.concatenate([jnp.zeros((1,), dtype), jnp.cumsum(alpha[:-1]) / h])
-    alpha_s = -jnp.sum(jnp.where(i < k, 1.0 / (i + 1), 0.0))
+    alpha_s = -jnp.sum(jnp.where(i < k, 1.0 / (fi + 1), 0.0))
     alpha_0 = -jnp.sum(jnp.where(i < k, alpha, 0.0))
     alpha_k = alpha[k]
     ck = jnp.maximum(jnp.abs(alpha_k + alpha_s - alpha_0), alpha_k)

@@ -1,0 +1,163 @@
+"""Consistent initialization (IDACalcIC modes) and every failure path of DESIGN.md §4."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import daeadjoint as dae
+from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, robertson
+
+ROB_TS = jnp.array([0.0, 0.4])
+ROB_ATOL = jnp.array([1e-8, 1e-6, 1e-6])
+
+
+# ------------------------------------------------------------------- initialization
+@pytest.mark.parametrize("how", ["ya_ydp", "default"])
+def test_init_ya_ydp_robertson(how):
+    """From an inconsistent guess y3 = 0.5, y' = 0, "ya_ydp" recovers y3 = 1 − y1 − y2 = 0
+    and y'_d = (−0.04, 0.04) exactly (linear in the unknowns here, so Newton lands on
+    them to rounding), and the solution then meets IDAS's y(0.4) to its 4 digits.
+    `yp0=None` means the same initialization."""
+    y0 = jnp.array([1.0, 0.0, 0.5])
+    kwargs = dict(init="ya_ydp", yp0=jnp.zeros(3)) if how == "ya_ydp" else {}
+    sol = dae.solve(robertson, 0.0, 0.4, y0, args=ROBERTSON_P, saveat=ROB_TS,
+                    algebraic=ROBERTSON_ALGEBRAIC, rtol=1e-4, atol=ROB_ATOL, **kwargs)
+    np.testing.assert_allclose(sol.ys[0], [1.0, 0.0, 0.0], atol=1e-12)
+    np.testing.assert_allclose(sol.yps[0, :2], [-0.04, 0.04], atol=1e-12)
+    np.testing.assert_allclose(sol.ys[1], [9.8517e-01, 3.3864e-05, 1.4794e-02], rtol=5e-4)
+
+
+def steady(t, y, yp, args):
+    # Quasi-steady state: with y' = 0 the unique solution is y1 = 2, y2 = y1² = 4.
+    return jnp.stack([yp[0] + y[0] ** 3 - 8.0, y[1] - y[0] ** 2])
+
+
+def test_init_y_quasi_steady_state():
+    """init="y" computes all of y0 from y'0 = 0: (2, 4), which then stays put. The
+    solution is constant, so any drift is integration error: bounded by rtol·|y|."""
+    sol = dae.solve(steady, 0.0, 1.0, jnp.array([1.0, 1.0]), jnp.zeros(2),
+                    saveat=jnp.array([0.0, 1.0]), algebraic=jnp.array([False, True]),
+                    init="y", rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(sol.ys[0], [2.0, 4.0], rtol=1e-10)
+    np.testing.assert_allclose(sol.ys[1], [2.0, 4.0], rtol=1e-8)
+
+
+def no_solution(t, y, yp, args):
+    return jnp.stack([yp[0] + y[0], y[1] ** 2 + 1.0])   # y2² = −1 has no real solution
+
+
+def test_init_failure_reports_status_and_raises():
+    kwargs = dict(algebraic=jnp.array([False, True]), init="ya_ydp")
+    sol = dae.solve(no_solution, 0.0, 1.0, jnp.array([1.0, 0.5]), jnp.zeros(2),
+                    throw=False, **kwargs)
+    assert sol.result == dae.RESULTS.initialization_failed
+    assert not np.any(np.isnan(np.asarray(sol.ys)))
+    with pytest.raises(Exception, match="Consistent initialization"):
+        dae.solve(no_solution, 0.0, 1.0, jnp.array([1.0, 0.5]), jnp.zeros(2), **kwargs)
+
+
+# ------------------------------------------------------------- bad input, before tracing
+def test_wrong_residual_shape():
+    with pytest.raises(ValueError, match="residual.*shaped like y"):
+        dae.solve(lambda t, y, yp, a: y[:2] - yp[:2], 0.0, 1.0, jnp.ones(3), jnp.zeros(3))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(t1=0.0), "t1` equals `t0"),
+    (dict(t1=-1.0), "integrate forward"),
+    (dict(rtol=-1.0), "non-negative"),
+    (dict(atol=jnp.ones(5)), "atol"),
+    (dict(saveat=jnp.array([0.5, 2.0])), "saveat"),
+    (dict(saveat=jnp.array([0.5, 0.2])), "sorted"),
+    (dict(algebraic=jnp.array([1, 0])), "algebraic"),
+    (dict(init="bogus"), "init"),
+    (dict(max_steps=0), "max_steps"),
+    (dict(tstop=0.5), "tstop"),
+    (dict(yp0=jnp.zeros(3)), "yp0"),
+    (dict(y0=jnp.ones((2, 2))), "1-D"),
+])
+def test_bad_input_named(kwargs, match):
+    base = dict(t1=1.0, y0=jnp.ones(2), yp0=jnp.zeros(2))
+    base.update(kwargs)
+    t1, y0, yp0 = base.pop("t1"), base.pop("y0"), base.pop("yp0")
+    with pytest.raises(ValueError, match=match):
+        dae.solve(lambda t, y, yp, a: yp + y, 0.0, t1, y0, yp0, **base)
+
+
+def test_float32_cannot_meet_tolerance():
+    """float32 (eps 1.2e-7) cannot resolve rtol = 1e-6 corrections: clear error that
+    names the dtype and the smallest workable rtol; float64 at 1e-16 likewise."""
+    with pytest.raises(ValueError, match="float32 cannot meet rtol=1e-06"):
+        dae.solve(lambda t, y, yp, a: yp + y, 0.0, 1.0, jnp.ones(2, jnp.float32),
+                  jnp.zeros(2, jnp.float32), rtol=1e-6)
+    with pytest.raises(ValueError, match="float64 cannot meet"):
+        dae.solve(lambda t, y, yp, a: yp + y, 0.0, 1.0, jnp.ones(2), -jnp.ones(2), rtol=1e-16)
+
+
+def test_float32_solve_respects_dtype():
+    """A float32 problem at a tolerance float32 can meet stays float32 and is accurate:
+    y = e^{-t}, error within 100·rtol (as in the float64 exact-solution tests)."""
+    sol = dae.solve(lambda t, y, yp, a: yp + y, 0.0, 1.0, jnp.ones(1, jnp.float32),
+                    -jnp.ones(1, jnp.float32), rtol=1e-4, atol=1e-6)
+    assert sol.ys.dtype == jnp.float32
+    assert abs(float(sol.ys[-1, 0]) - np.exp(-1.0)) <= 100 * 1e-4
+
+
+# ------------------------------------------------------ failures under jit: status
+def test_max_steps_partial_solution():
+    ts = jnp.array([0.4, 4.0e1, 4.0e4, 4.0e10])
+    sol = dae.solve(robertson, 0.0, 4e10, ROBERTSON_Y0, jnp.array([-0.04, 0.04, 0.0]),
+                    ROBERTSON_P, saveat=ts, algebraic=ROBERTSON_ALGEBRAIC, rtol=1e-4,
+                    atol=ROB_ATOL, max_steps=60, throw=False)
+    assert sol.result == dae.RESULTS.max_steps_reached
+    assert int(sol.stats["num_steps"]) == 60
+    t_final = float(sol.stats["t_final"])
+    reached = np.asarray(ts) <= t_final
+    assert reached[0] and not reached[-1]
+    ys = np.asarray(sol.ys)
+    # What was reached is the real solution (IDAS table, 4 digits); the rest is marked
+    # unreached with inf, never NaN.
+    np.testing.assert_allclose(ys[0], [9.8517e-01, 3.3864e-05, 1.4794e-02], rtol=5e-4)
+    assert np.all(np.isinf(ys[~reached])) and not np.any(np.isnan(ys))
+    with pytest.raises(Exception, match="maximum number of steps"):
+        dae.solve(robertson, 0.0, 4e10, ROBERTSON_Y0, jnp.array([-0.04, 0.04, 0.0]),
+                  ROBERTSON_P, saveat=ts, algebraic=ROBERTSON_ALGEBRAIC, rtol=1e-4,
+                  atol=ROB_ATOL, max_steps=60)
+
+
+def nan_residual(t, y, yp, args):
+    return yp + jnp.log(y - 2.0)   # y0 = 1: log of a negative number everywhere
+
+
+def test_nan_residual():
+    sol = dae.solve(nan_residual, 0.0, 1.0, jnp.ones(1), jnp.zeros(1), throw=False)
+    assert sol.result == dae.RESULTS.nonfinite_residual
+    assert not np.any(np.isnan(np.asarray(sol.ys)))
+    with pytest.raises(Exception, match="NaN or inf"):
+        jax.jit(lambda y0: dae.solve(nan_residual, 0.0, 1.0, y0, jnp.zeros(1)))(jnp.ones(1))
+
+
+def underdetermined(t, y, yp, args):
+    # Index-2-looking system given as index 1: differentiating y1 − y2 = t gives
+    # y3 − y3 = 1, so y3 is not determined at all and F_y + cj F_y' is singular for
+    # every step size.
+    return jnp.stack([yp[0] - y[2], yp[1] - y[2], y[0] - y[1] - t])
+
+
+def test_singular_iteration_matrix():
+    sol = dae.solve(underdetermined, 0.0, 1.0, jnp.zeros(3), jnp.zeros(3),
+                    algebraic=jnp.array([False, False, True]), throw=False)
+    assert sol.result == dae.RESULTS.singular_matrix
+    with pytest.raises(Exception, match="singular"):
+        dae.solve(underdetermined, 0.0, 1.0, jnp.zeros(3), jnp.zeros(3),
+                  algebraic=jnp.array([False, False, True]))
+
+
+def test_impossible_tolerance_at_runtime():
+    """Tolerances only known at run time (traced) are checked by IDAS's test
+    uround·‖y‖_WRMS > 1: rtol = atol = 1e-20 cannot be met in float64."""
+    f = jax.jit(lambda tol: dae.solve(lambda t, y, yp, a: yp + y, 0.0, 1.0, jnp.ones(1),
+                                      -jnp.ones(1), rtol=tol, atol=tol, throw=False))
+    assert f(1e-20).result == dae.RESULTS.tolerance_too_small
+    assert f(1e-8).result == dae.RESULTS.successful
