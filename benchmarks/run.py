@@ -115,8 +115,8 @@ def main() -> None:
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"jax {jax.__version__} ({jax.default_backend()}, x64), diffrax {diffrax.__version__}, "
           f"casadi {casadi.__version__}, scikit-sundae {sksundae.__version__}; "
-          f"median of {repeats} warm runs; load average at start "
-          f"{os.getloadavg()[0]:.2f}\n")
+          f"median of {repeats} warm runs; 1-min load average before start "
+          f"{os.getloadavg()[0]:.2f} (other work on the machine skews the timings)\n")
     problems = [make() for make in PROBLEMS.values()]
     single, batch = [], []
     for prob in problems:
@@ -126,7 +126,6 @@ def main() -> None:
     print_single(single)
     print()
     print_batch(batch, n_batch)
-    print(f"\nload average at end {os.getloadavg()[0]:.2f} (timings are unreliable if > 0.5)")
 
 
 if __name__ == "__main__":

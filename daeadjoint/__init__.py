@@ -1,10 +1,11 @@
 """daeadjoint: a JAX-native, differentiable variable-order BDF solver for DAEs
 F(t, y, y', args) = 0 in the SUNDIALS IDAS tradition."""
 
+from ._adjoint import Adjoint
 from ._linear_solver import DenseLU
 from ._results import RESULTS
 from ._solution import Solution
 from ._solve import solve
 
-__all__ = ["solve", "Solution", "RESULTS", "DenseLU"]
+__all__ = ["solve", "Solution", "RESULTS", "DenseLU", "Adjoint"]
 __version__ = "0.1.0"

@@ -14,6 +14,7 @@ The carried state has a fixed shape, so the whole solve is one compiled loop tha
 `jax.vmap` batches (members that finish early are held by the loop's `select`).
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,9 @@ class Problem(eqx.Module):
     quad_atol: Array       # (nq,)
     quad_error_control: bool = eqx.field(static=True)
     tstop: Array           # +inf when stepping past t1 is allowed
+    # The adjoint is linear: its Newton convergence rate is re-estimated on every step
+    # instead of trusting the previous step's (seed 000 §5.5).
+    reset_newton_rate: bool = eqx.field(static=True, default=False)
 
     def quad(self, t, y, yp):
         if self.quadrature is None:
@@ -80,6 +84,7 @@ class State(eqx.Module):
     cj_old: Float[Array, ""]     # cj at the last Jacobian setup
     ss: Float[Array, ""]         # Newton convergence-rate factor S
     lin_state: Any
+    jac_point: tuple             # (t, y, yp) where lin_state was built (hot restarts)
     nef: Int[Array, ""]          # error-test failures in the current step
     ncf: Int[Array, ""]          # convergence failures in the current step
     stats: dict
@@ -123,7 +128,8 @@ def initial_state(problem: Problem, t0, y0, yp0, h0) -> State:
         t=jnp.asarray(t0, dtype), h=h0, h_used=jnp.zeros((), dtype), k=izero + 1,
         k_used=izero, ns=izero, phase=izero, phi=phi, phiq=phiq,
         psi=jnp.zeros((NPHI,), dtype).at[0].set(h0), cj=1 / h0, cj_old=1 / h0,
-        ss=jnp.asarray(20.0, dtype), lin_state=lin_state, nef=izero, ncf=izero,
+        ss=jnp.asarray(20.0, dtype), lin_state=lin_state,
+        jac_point=(jnp.asarray(t0, dtype), y0, yp0), nef=izero, ncf=izero,
         stats=stats, result=RESULTS.successful,
     )
 
@@ -164,9 +170,11 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     ratio = cj / cj_old
     setup = first | (ratio < 0.6) | (ratio > 1.0 / 0.6)
     ss = jnp.where(cj != s.cj, 100.0, ss)
+    if problem.reset_newton_rate:
+        ss = jnp.full_like(ss, 100.0)
     y_pred, yp_pred = predict(phi, co["gamma"], k)
     nw = newton_solve(problem.residual, problem.args, problem.linear_solver, t_new, y_pred,
-                      yp_pred, cj, ewt, s.lin_state, cj_old, ss, setup)
+                      yp_pred, cj, ewt, s.lin_state, s.jac_point, cj_old, ss, setup)
     ee = nw.ee
     y = y_pred + ee
     yp = yp_pred + cj * ee
@@ -250,12 +258,13 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         t=t_new, h=h_acc, h_used=h, k=k_acc, k_used=k, ns=co["ns"], phase=phase,
         phi=complete_history(phi, ee, k), phiq=complete_history(phiq, eeq, k),
         psi=co["psi"], cj=cj, cj_old=nw.cj_old, ss=nw.ss, lin_state=nw.lin_state,
-        nef=jnp.zeros_like(nef), ncf=jnp.zeros_like(ncf), stats=st, result=result,
+        jac_point=nw.jac_point, nef=jnp.zeros_like(nef), ncf=jnp.zeros_like(ncf), stats=st, result=result,
     )
     rejected_state = State(
         t=s.t, h=h_fail, h_used=s.h_used, k=k_fail, k_used=s.k_used, ns=co["ns"],
         phase=jnp.ones_like(phase), phi=phi_fail, phiq=phiq_fail, psi=s.psi, cj=cj,
-        cj_old=nw.cj_old, ss=nw.ss, lin_state=nw.lin_state, nef=jnp.where(conv_fail, s.nef, nef),
+        cj_old=nw.cj_old, ss=nw.ss, lin_state=nw.lin_state, jac_point=nw.jac_point,
+        nef=jnp.where(conv_fail, s.nef, nef),
         ncf=ncf, stats=st, result=result,
     )
     new = tree_where(passed, accepted_state, rejected_state)
@@ -280,6 +289,8 @@ def troundoff(s: State):
 def write_outputs(s: State, out: Outputs) -> Outputs:
     """Fill every output row with t_out ≤ t_n (+ roundoff) by IDAS's interpolant."""
     n_save = out.ts.shape[0]
+    if n_save == 0:
+        return out
     limit = s.t + troundoff(s)
 
     def cond(o):
@@ -296,24 +307,101 @@ def write_outputs(s: State, out: Outputs) -> Outputs:
     return jax.lax.while_loop(cond, body, out)
 
 
-def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps: int):
+def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps: int,
+              recorders: tuple = ()):
     """Step from `state` until t_end is reached (or passed, unless tstop forbids it),
-    writing outputs on the way. Returns the final state and outputs."""
+    writing outputs on the way and passing every accepted step to each recorder
+    (checkpoints, step buffers). Returns the final state, outputs and recorders."""
 
     def cond(carry):
-        s, _ = carry
+        s, _, _ = carry
         not_done = (t_end - s.t) > troundoff(s)
         return not_done & (s.result == RESULTS.successful)
 
     def body(carry):
-        s, out = carry
+        s, out, recs = carry
         s, passed = attempt_step(problem, s)
         out = jax.lax.cond(eqxi.unvmap_any(passed), lambda: write_outputs(s, out), lambda: out)
+        recs = tuple(r.record(s, passed) for r in recs)
         hit_max = passed & (s.stats["num_steps"] >= max_steps) & ((t_end - s.t) > troundoff(s))
         result = RESULTS.where(hit_max & (s.result == RESULTS.successful),
                                RESULTS.max_steps_reached, s.result)
         s = eqx.tree_at(lambda z: z.result, s, result)
-        return s, out
+        return s, out, recs
 
-    return jax.lax.while_loop(cond, body, (state, outputs))
+    return jax.lax.while_loop(cond, body, (state, outputs, tuple(recorders)))
 
+
+def _write_slot(buffer, i, value, do):
+    return jax.tree_util.tree_map(
+        lambda b, v: b.at[i].set(jnp.where(do, v, b[i])), buffer, value)
+
+
+def strip_linear_state(s: State) -> State:
+    """The state without its factorization (rebuilt from `jac_point` on restart)."""
+    return dataclasses.replace(s, lin_state=())
+
+
+def restore_linear_state(problem: Problem, s: State) -> State:
+    """Rebuild the factorization at the stored setup point with the stored cj_old:
+    the restarted integration then repeats the original steps."""
+    t, y, yp = s.jac_point
+    lin = problem.linear_solver.setup(problem.residual, t, y, yp, s.cj_old, problem.args)
+    return dataclasses.replace(s, lin_state=lin)
+
+
+class CheckpointRecorder(eqx.Module):
+    """Hot-restart checkpoints: the full BDF state (less the LU factors) at steps
+    0, N, 2N, ... (seed 002 §6.2.7.3). Capacity is fixed: ceil(max_steps/N) + 1."""
+
+    every: int = eqx.field(static=True)
+    states: State
+    count: Int[Array, ""]
+
+    @classmethod
+    def create(cls, state: State, every: int, max_steps: int):
+        capacity = -(-max_steps // every) + 1
+        stripped = strip_linear_state(state)
+        states = jax.tree_util.tree_map(
+            lambda x: jnp.broadcast_to(x, (capacity,) + jnp.shape(x)).copy(), stripped)
+        return cls(every=every, states=states, count=jnp.ones((), jnp.int32))
+
+    def record(self, s: State, passed) -> "CheckpointRecorder":
+        do = passed & (s.stats["num_steps"] % self.every == 0)
+        i = jnp.minimum(self.count, jax.tree_util.tree_leaves(self.states)[0].shape[0] - 1)
+        states = _write_slot(self.states, i, strip_linear_state(s), do)
+        return CheckpointRecorder(self.every, states, self.count + do.astype(jnp.int32))
+
+
+class StepRecorder(eqx.Module):
+    """Every accepted step of one segment: (t_n, φ, ψ, k_used), enough to evaluate the
+    BDF interpolant — the forward solution as the forward pass saw it — anywhere in the
+    segment (for the adjoint's F_y, F_y' and F_p)."""
+
+    t: Float[Array, " N"]
+    phi: Float[Array, "N 6 n"]
+    psi: Float[Array, "N 6"]
+    k_used: Int[Array, " N"]
+    count: Int[Array, ""]
+
+    @classmethod
+    def create(cls, capacity: int, n: int, dtype):
+        return cls(t=jnp.full((capacity,), jnp.inf, dtype),
+                   phi=jnp.zeros((capacity, NPHI, n), dtype),
+                   psi=jnp.ones((capacity, NPHI), dtype),
+                   k_used=jnp.ones((capacity,), jnp.int32), count=jnp.zeros((), jnp.int32))
+
+    def record(self, s: State, passed) -> "StepRecorder":
+        i = jnp.minimum(self.count, self.t.shape[0] - 1)
+        t, phi, psi, k = _write_slot((self.t, self.phi, self.psi, self.k_used), i,
+                                     (s.t, s.phi, s.psi, s.k_used), passed)
+        return StepRecorder(t, phi, psi, k, self.count + passed.astype(jnp.int32))
+
+    def overflowed(self):
+        return self.count > self.t.shape[0]
+
+    def evaluate(self, t):
+        """y(t), y'(t) from the interpolant of the step whose interval contains t."""
+        idx = jnp.clip(jnp.searchsorted(self.t, t), 0, jnp.maximum(self.count - 1, 0))
+        c, d = interpolation_weights(t, self.t[idx], self.psi[idx], self.k_used[idx])
+        return interpolate(self.phi[idx], c, d)

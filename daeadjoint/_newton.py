@@ -38,6 +38,7 @@ class NewtonResult(eqx.Module):
     converged: jax.Array
     fail_kind: jax.Array
     lin_state: object
+    jac_point: tuple      # (t, y, yp) of the last setup, for exact hot restarts
     cj_old: jax.Array
     ss: jax.Array
     num_residual_evals: jax.Array
@@ -46,7 +47,7 @@ class NewtonResult(eqx.Module):
 
 
 def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
-                 lin_state, cj_old, ss, force_setup) -> NewtonResult:
+                 lin_state, jac_point, cj_old, ss, force_setup) -> NewtonResult:
     """Run the modified Newton iteration from e = 0. See the module docstring."""
     int_ = jnp.int32
 
@@ -65,6 +66,7 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         # members that do not need it keep their old factors through the `where`.
         lin = jax.lax.cond(eqxi.unvmap_any(do_setup), rebuild, lambda: c["lin"])
         singular = do_setup & linear_solver.is_singular(lin)
+        jac_point = tree_where(do_setup, (t, y_pred + ee, yp_pred + cj * ee), c["jac_point"])
         cj_old_ = jnp.where(do_setup, cj, c["cj_old"])
         ss_ = jnp.where(do_setup, 20.0, c["ss"])
         jcur = c["jcur"] | do_setup
@@ -91,7 +93,7 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
             ee=jnp.where(retry, 0.0, ee_new),
             m=jnp.where(retry, 0, m + 1).astype(int_),
             oldnrm=jnp.where(first, delnrm, c["oldnrm"]),
-            ss=ss_, lin=lin, cj_old=cj_old_, jcur=jcur & ~retry, setup=retry,
+            ss=ss_, lin=lin, jac_point=jac_point, cj_old=cj_old_, jcur=jcur & ~retry, setup=retry,
             status=status, fail_kind=fail_kind.astype(int_),
             nre=c["nre"] + 1, nje=c["nje"] + do_setup.astype(int_), nni=c["nni"] + 1,
         )
@@ -99,12 +101,12 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
     zero = jnp.zeros((), int_)
     init = dict(
         ee=jnp.zeros_like(y_pred), m=zero, oldnrm=jnp.ones((), y_pred.dtype), ss=ss,
-        lin=lin_state, cj_old=cj_old, jcur=jnp.zeros((), bool), setup=force_setup,
+        lin=lin_state, jac_point=jac_point, cj_old=cj_old, jcur=jnp.zeros((), bool), setup=force_setup,
         status=zero, fail_kind=zero, nre=zero, nje=zero, nni=zero,
     )
     out = jax.lax.while_loop(cond, body, init)
     return NewtonResult(
         ee=out["ee"], converged=out["status"] == 1, fail_kind=out["fail_kind"],
-        lin_state=out["lin"], cj_old=out["cj_old"], ss=out["ss"],
+        lin_state=out["lin"], jac_point=out["jac_point"], cj_old=out["cj_old"], ss=out["ss"],
         num_residual_evals=out["nre"], num_jacobian_evals=out["nje"], num_iters=out["nni"],
     )

@@ -9,8 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._adjoint import Adjoint, backward
 from ._initialization import consistent_initial_conditions
-from ._integrator import Outputs, Problem, initial_state, initial_step, integrate, write_outputs
+from ._integrator import (CheckpointRecorder, Outputs, Problem, initial_state, initial_step,
+                          integrate, write_outputs)
 from ._linear_solver import DenseLU
 from ._results import RESULTS
 from ._solution import Solution
@@ -139,26 +141,33 @@ class _Static(eqx.Module):
     quad_error_control: bool = eqx.field(static=True)
 
 
-def forward_solve(static: _Static, linear_solver, t0, t1, y0, yp0, args, saveat,
-                  algebraic, rtol, atol, quad_rtol, quad_atol, tstop):
-    """Consistent initialization (if asked) and the forward integration; pure JAX."""
-    init_ok = jnp.ones((), bool)
-    if static.init is not None:
-        y0, yp0, init_ok = consistent_initial_conditions(
-            static.residual, t0, y0, yp0, args, algebraic, static.init, rtol, atol)
-
+def build_problem(static: _Static, linear_solver, t0, y0, yp0, args, algebraic, rtol, atol,
+                  quad_rtol, quad_atol, tstop) -> Problem:
     dtype = y0.dtype
     error_mask = jnp.where(algebraic & static.suppress_algebraic_error, 0.0, 1.0).astype(dtype)
     nq = 0
     if static.quadrature is not None:
         nq = jax.eval_shape(static.quadrature, t0, y0, yp0, args).shape[0]
-    problem = Problem(
+    return Problem(
         residual=static.residual, quadrature=static.quadrature, linear_solver=linear_solver,
         args=args, rtol=rtol, atol=atol, error_mask=error_mask,
         quad_rtol=jnp.broadcast_to(jnp.asarray(quad_rtol, dtype), ()),
         quad_atol=jnp.broadcast_to(jnp.asarray(quad_atol, dtype), (nq,)),
         quad_error_control=static.quad_error_control, tstop=tstop,
     )
+
+
+def forward_solve(static: _Static, linear_solver, t0, t1, y0, yp0, args, saveat,
+                  algebraic, rtol, atol, quad_rtol, quad_atol, tstop, checkpoint_every=None):
+    """Consistent initialization (if asked) and the forward integration; pure JAX.
+
+    Returns (solution, final BDF state, checkpoints or None, consistent (y0, y'0))."""
+    init_ok = jnp.ones((), bool)
+    if static.init is not None:
+        y0, yp0, init_ok = consistent_initial_conditions(
+            static.residual, t0, y0, yp0, args, algebraic, static.init, rtol, atol)
+    problem = build_problem(static, linear_solver, t0, y0, yp0, args, algebraic, rtol, atol,
+                            quad_rtol, quad_atol, tstop)
     # IDAS bases the first step on the distance to the first output time.
     t_out = jnp.min(jnp.where(saveat > t0, saveat, t1))
     qp0 = problem.quad(t0, y0, yp0)
@@ -166,17 +175,67 @@ def forward_solve(static: _Static, linear_solver, t0, t1, y0, yp0, args, saveat,
     state = initial_state(problem, t0, y0, yp0, h0)
     state = eqx.tree_at(lambda s: s.result, state,
                         RESULTS.where(init_ok, RESULTS.successful, RESULTS.initialization_failed))
-    n_save, n = saveat.shape[0], y0.shape[0]
-    inf = jnp.asarray(jnp.inf, dtype)
+    n_save, n, nq = saveat.shape[0], y0.shape[0], qp0.shape[0]
+    inf = jnp.asarray(jnp.inf, y0.dtype)
     outputs = Outputs(ts=saveat, ys=jnp.full((n_save, n), inf), yps=jnp.full((n_save, n), inf),
                       qs=jnp.full((n_save, nq), inf), index=jnp.zeros((), jnp.int32))
     outputs = write_outputs(state, outputs)     # rows at t0
-    state, outputs = integrate(problem, state, outputs, t1, static.max_steps)
+    recorders = ()
+    if checkpoint_every is not None:
+        recorders = (CheckpointRecorder.create(state, checkpoint_every, static.max_steps),)
+    state, outputs, recorders = integrate(problem, state, outputs, t1, static.max_steps, recorders)
     stats = dict(state.stats)
     stats["t_final"] = state.t
-    return Solution(ts=saveat, ys=outputs.ys, yps=outputs.yps,
-                    qs=outputs.qs if static.quadrature is not None else None,
-                    stats=stats, result=state.result)
+    sol = Solution(ts=saveat, ys=outputs.ys, yps=outputs.yps,
+                   qs=outputs.qs if static.quadrature is not None else None,
+                   stats=stats, result=state.result)
+    checkpoints = recorders[0] if recorders else None
+    return sol, state, checkpoints, (y0, yp0)
+
+
+@eqx.filter_custom_vjp
+def _solve_differentiable(diff, static, adjoint, linear_solver, nondiff):
+    """`forward_solve` with reverse-mode derivatives by the adjoint (`_adjoint.py`).
+
+    diff = (t0, t1, y0, yp0, args, saveat) are differentiated; nondiff = (algebraic,
+    rtol, atol, quad_rtol, quad_atol, tstop) are not."""
+    t0, t1, y0, yp0, args, saveat = diff
+    sol, _, _, _ = forward_solve(static, linear_solver, t0, t1, y0, yp0, args, saveat,
+                                 nondiff[0], *nondiff[1:])
+    return sol
+
+
+@_solve_differentiable.def_fwd
+def _solve_fwd(perturbed, diff, static, adjoint, linear_solver, nondiff):
+    t0, t1, y0, yp0, args, saveat = diff
+    sol, state, checkpoints, (y0c, yp0c) = forward_solve(
+        static, linear_solver, t0, t1, y0, yp0, args, saveat, nondiff[0], *nondiff[1:],
+        checkpoint_every=adjoint.checkpoint_every)
+    return sol, (sol, checkpoints, state.t, y0c, yp0c)
+
+
+@_solve_differentiable.def_bwd
+def _solve_bwd(residuals, grad_sol, perturbed, diff, static, adjoint, linear_solver, nondiff):
+    sol, checkpoints, t_final, y0c, yp0c = residuals
+    t0, t1, y0, yp0, args, saveat = diff
+    algebraic, rtol, atol, quad_rtol, quad_atol, tstop = nondiff
+
+    def zero_if_none(g, like):
+        return jnp.zeros_like(like) if g is None else g
+
+    ybar = zero_if_none(grad_sol.ys, sol.ys)
+    ypbar = zero_if_none(grad_sol.yps, sol.yps)
+    qs = sol.qs if sol.qs is not None else jnp.zeros((saveat.shape[0], 0), y0c.dtype)
+    qbar = zero_if_none(grad_sol.qs, qs) if sol.qs is not None else qs
+    sol = sol.result.error_if(sol, sol.result != RESULTS.successful)
+    problem = build_problem(static, linear_solver, t0, y0c, yp0c, args, algebraic, rtol, atol,
+                            quad_rtol, quad_atol, tstop)
+    ybar0, ypbar0, argsbar, t0bar, tsbar, _ = backward(
+        adjoint, static, problem, checkpoints, t_final, y0c, yp0c, diff, nondiff, sol,
+        (ybar, ypbar, qbar))
+    grads = (t0bar, jnp.zeros_like(t1), ybar0, ypbar0, argsbar, tsbar)
+    return jax.tree_util.tree_map(lambda g, p: g if p else None, grads, perturbed,
+                                  is_leaf=lambda x: x is None)
 
 
 def solve(
@@ -249,8 +308,14 @@ def solve(
     static = _Static(residual=residual, quadrature=quadrature, init=init, max_steps=int(max_steps),
                      suppress_algebraic_error=bool(suppress_algebraic_error),
                      quad_error_control=bool(quad_error_control))
-    sol = forward_solve(static, linear_solver, t0, t1, y0, yp0, args, saveat, algebraic,
-                        rtol, atol, quad_rtol, quad_atol, tstop)
+    if sensitivity is None:
+        sensitivity = Adjoint()
+    if not isinstance(sensitivity, Adjoint):
+        raise TypeError(f"`sensitivity` must be a daeadjoint.Adjoint, got {sensitivity!r}.")
+    sol = _solve_differentiable((t0, t1, y0, yp0, args, saveat), static, sensitivity,
+                                linear_solver, (algebraic, rtol, atol, quad_rtol, quad_atol, tstop))
     if throw:
-        sol = sol.result.error_if(sol, sol.result != RESULTS.successful)
+        # The status is an integer output of the custom_vjp: keep it out of the JVP trace.
+        result = jax.tree_util.tree_map(jax.lax.stop_gradient, sol.result)
+        sol = result.error_if(sol, result != RESULTS.successful)
     return sol
