@@ -103,6 +103,9 @@ def initial_step(problem: Problem, t0, y0, yp0, qp0, t_out) -> Float[Array, ""]:
     if problem.quad_error_control and qp0.shape[0] > 0:
         ypnorm = jnp.maximum(ypnorm, wrms(qp0, 1.0 / problem.quad_atol))
     h = jnp.where(ypnorm > 0.5 / h, 0.5 / ypnorm, h)
+    # Resolvable at t0: a step below the spacing of floating-point numbers at |t0| would
+    # not advance t (matters when t0 is large, as for an adjoint started at T = 4e10).
+    h = jnp.maximum(h, 10.0 * jnp.finfo(h.dtype).eps * jnp.abs(t0))
     return clamp_to_tstop(problem, t0, h)
 
 
@@ -374,34 +377,69 @@ class CheckpointRecorder(eqx.Module):
 
 
 class StepRecorder(eqx.Module):
-    """Every accepted step of one segment: (t_n, φ, ψ, k_used), enough to evaluate the
-    BDF interpolant — the forward solution as the forward pass saw it — anywhere in the
-    segment (for the adjoint's F_y, F_y' and F_p)."""
+    """Every accepted step of one segment, to evaluate the forward solution anywhere in
+    it during the backward pass (for the adjoint's F_y, F_y' and F_p):
 
-    t: Float[Array, " N"]
+    - nodes (t_n, y_n, y'_n), n = 0 (the segment start) … count, for piecewise cubic
+      Hermite interpolation — C¹ across steps, so the adjoint's coefficients
+      F_y(t, y(t), y'(t)) have no jumps at forward step boundaries;
+    - (φ, ψ, k_used) of each step, for the BDF interpolating polynomial — exactly the
+      forward dense output, but its y' jumps at step boundaries.
+    """
+
+    hermite: bool = eqx.field(static=True)
+    t: Float[Array, " N+1"]
+    y: Float[Array, "N+1 n"]
+    yp: Float[Array, "N+1 n"]
     phi: Float[Array, "N 6 n"]
     psi: Float[Array, "N 6"]
     k_used: Int[Array, " N"]
     count: Int[Array, ""]
 
     @classmethod
-    def create(cls, capacity: int, n: int, dtype):
-        return cls(t=jnp.full((capacity,), jnp.inf, dtype),
+    def create(cls, capacity: int, n: int, dtype, hermite: bool = True):
+        return cls(hermite=hermite, t=jnp.full((capacity + 1,), jnp.inf, dtype),
+                   y=jnp.zeros((capacity + 1, n), dtype), yp=jnp.zeros((capacity + 1, n), dtype),
                    phi=jnp.zeros((capacity, NPHI, n), dtype),
                    psi=jnp.ones((capacity, NPHI), dtype),
                    k_used=jnp.ones((capacity,), jnp.int32), count=jnp.zeros((), jnp.int32))
 
+    @staticmethod
+    def _node(s: State):
+        c, d = interpolation_weights(s.t, s.t, s.psi, s.k_used)
+        return interpolate(s.phi, c, d)
+
+    def start(self, s: State, yp0) -> "StepRecorder":
+        """Node 0: the state the segment starts from (y'0 given: at t0 the history
+        holds h·y'0, not yet a polynomial)."""
+        return dataclasses.replace(self, t=self.t.at[0].set(s.t), y=self.y.at[0].set(s.phi[0]),
+                                   yp=self.yp.at[0].set(yp0))
+
     def record(self, s: State, passed) -> "StepRecorder":
-        i = jnp.minimum(self.count, self.t.shape[0] - 1)
-        t, phi, psi, k = _write_slot((self.t, self.phi, self.psi, self.k_used), i,
-                                     (s.t, s.phi, s.psi, s.k_used), passed)
-        return StepRecorder(t, phi, psi, k, self.count + passed.astype(jnp.int32))
+        i = jnp.minimum(self.count, self.phi.shape[0] - 1)
+        y, yp = self._node(s)
+        t_, y_, yp_ = _write_slot((self.t, self.y, self.yp), i + 1, (s.t, y, yp), passed)
+        phi, psi, k = _write_slot((self.phi, self.psi, self.k_used), i,
+                                  (s.phi, s.psi, s.k_used), passed)
+        return dataclasses.replace(self, t=t_, y=y_, yp=yp_, phi=phi, psi=psi, k_used=k,
+                                   count=self.count + passed.astype(jnp.int32))
 
     def overflowed(self):
-        return self.count > self.t.shape[0]
+        return self.count > self.phi.shape[0]
 
     def evaluate(self, t):
-        """y(t), y'(t) from the interpolant of the step whose interval contains t."""
-        idx = jnp.clip(jnp.searchsorted(self.t, t), 0, jnp.maximum(self.count - 1, 0))
-        c, d = interpolation_weights(t, self.t[idx], self.psi[idx], self.k_used[idx])
-        return interpolate(self.phi[idx], c, d)
+        """y(t), y'(t) on the step [t_{i-1}, t_i] that contains t."""
+        i = jnp.clip(jnp.searchsorted(self.t, t), 1, jnp.maximum(self.count, 1))
+        if not self.hermite:
+            c, d = interpolation_weights(t, self.t[i], self.psi[i - 1], self.k_used[i - 1])
+            return interpolate(self.phi[i - 1], c, d)
+        ta, tb = self.t[i - 1], self.t[i]
+        h = tb - ta
+        x = (t - ta) / h
+        ya, yb, ma, mb = self.y[i - 1], self.y[i], h * self.yp[i - 1], h * self.yp[i]
+        h00, h10, h01, h11 = (2 * x**3 - 3 * x**2 + 1, x**3 - 2 * x**2 + x,
+                              -2 * x**3 + 3 * x**2, x**3 - x**2)
+        d00, d10, d01, d11 = 6 * x**2 - 6 * x, 3 * x**2 - 4 * x + 1, -6 * x**2 + 6 * x, 3 * x**2 - 2 * x
+        y = h00 * ya + h10 * ma + h01 * yb + h11 * mb
+        yp = (d00 * ya + d10 * ma + d01 * yb + d11 * mb) / h
+        return y, yp
