@@ -158,7 +158,8 @@ def prepare_sksundae(prob: Problem) -> Prepared:
         kw.update(linsolver="band", lband=prob.bandwidth, uband=prob.bandwidth)
 
     def run(args):
-        return IDA(resfn, userdata=tuple(args), **kw).solve(prob.ts_with_t0, prob.y0, prob.yp0(args))
+        solver = IDA(resfn, userdata=tuple(args), **kw)
+        return solver.solve(prob.ts_with_t0, prob.y0, prob.yp0(args))
 
     def result(out, args):
         if not out.success:

@@ -117,7 +117,8 @@ class Problem:
     def yp0(self, args, be: Backend = NUMPY):
         """Consistent initial derivative: f(t0, x0, z0) and 0 for algebraic parts."""
         x0, z0 = self.y0[self.diff_idx], self.y0[self.alg_idx]
-        f, _ = self.model(self.t0, be.xp.asarray(x0), be.xp.asarray(z0), args, be, self.constants(be))
+        x0, z0 = be.xp.asarray(x0), be.xp.asarray(z0)
+        f, _ = self.model(self.t0, x0, z0, args, be, self.constants(be))
         return self.assemble(f, be.xp.zeros(len(self.alg_idx)), be.xp)
 
 

@@ -1,6 +1,6 @@
 """Run every benchmark and print Markdown tables.
 
-    python benchmarks/run.py [--quick]
+    python benchmarks/run.py [--quick] [--batch N]
 
 Table 1: one solve at the nominal parameters per problem and solver.
 Table 2: the same problem at a batch of parameter sets: casadi IDAS called
@@ -52,7 +52,8 @@ def single_rows(prob: Problem, repeats: int) -> tuple[list[dict], peers.Prepared
     ref = peers.measure(idas, prob.args, repeats)
     candidates = {
         "IDA (scikit-sundae)": lambda: peers.prepare_sksundae(prob),
-        "diffrax Kvaerno5": lambda: peers.prepare_jax("diffrax Kvaerno5", peers.diffrax_solve(prob)),
+        "diffrax Kvaerno5": lambda: peers.prepare_jax("diffrax Kvaerno5",
+                                                      peers.diffrax_solve(prob)),
         "daeadjoint": lambda: peers.prepare_jax("daeadjoint", peers.daeadjoint_solve(prob)),
     }
     rows = [ref] + [_guarded(label, lambda m=make: peers.measure(m(), prob.args, repeats))
@@ -69,10 +70,11 @@ def batch_rows(prob: Problem, idas: peers.Prepared, n: int, repeats: int) -> lis
     """Table 2 rows: n parameter sets, sequential IDAS vs vmapped JAX solvers."""
     args = prob.batch_args(n)
     ref = peers.batch_sequential(idas, args)
+    solvers = {"diffrax Kvaerno5": peers.diffrax_solve, "daeadjoint": peers.daeadjoint_solve}
     rows = [ref] + [
-        _guarded(label, lambda f=make: peers.batch_vmap(label, f(prob), args, repeats))
-        for label, make in {"diffrax Kvaerno5": peers.diffrax_solve,
-                            "daeadjoint": peers.daeadjoint_solve}.items()]
+        _guarded(f"{label} vmap",
+                 lambda l=label, f=make: peers.batch_vmap(l, f(prob), args, repeats))
+        for label, make in solvers.items()]
     for r in rows:
         if "error" not in r:
             r["throughput"] = ref["total_s"] / r["total_s"]
@@ -101,15 +103,18 @@ def print_batch(results: list[tuple[Problem, list[dict]]], n: int) -> None:
             total = r.get("total_s")
             print(f"| {prob.name} | {r['label']} | {_fmt(r.get('compile_or_setup_s'), '.3f')} "
                   f"| {_fmt(total, '.3f')} | {_fmt(total and 1e3 * total / n, '.2f')} "
-                  f"| {_fmt(r.get('throughput'), '.2f')}x | {_fmt(r.get('diff_final'), '.1e')} "
+                  f"| {_fmt(r.get('throughput'), '.3g')}{'x' * ('throughput' in r)} "
+                  f"| {_fmt(r.get('diff_final'), '.1e')} "
                   f"| {r.get('error', '')} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 repeats, batch of 16")
+    parser.add_argument("--batch", type=int, help="batch size (default 256, quick 16)")
     opts = parser.parse_args()
     repeats, n_batch, batch_repeats = (2, 16, 1) if opts.quick else (5, 256, 3)
+    n_batch = opts.batch or n_batch
 
     print(f"# daeadjoint benchmarks ({'quick' if opts.quick else 'full'})\n")
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "

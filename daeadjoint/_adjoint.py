@@ -226,11 +226,11 @@ def backward(adjoint: Adjoint, static, problem_fwd: Problem, checkpoints, t_fina
     dummy_problem = adj_problem(buf0, w0, jnp.asarray(jnp.inf, dtype))
     adj0 = initial_state(dummy_problem, -ts[-1], Z0, Z0, jnp.ones((), dtype))
 
-    def recompute(c):
-        """Replay forward segment c from its checkpoint, recording every step."""
-        ck = jax.tree_util.tree_map(lambda x: x[c], ck_states)
+    def recompute(c, ck, t_next):
+        """Replay forward segment c from its checkpoint `ck` to t_next, recording every
+        step. (The checkpoint is sliced outside any `cond`, so the whole checkpoint
+        buffer is never an operand of a branch, which XLA would copy.)"""
         last = c + 1 >= n_ck
-        t_next = jnp.where(last, t1, ck_states.t[jnp.minimum(c + 1, ck_cap - 1)])
         prob = dataclasses.replace(problem_fwd, tstop=jnp.where(last, tstop, t_next))
         st = restore_linear_state(prob, ck)
         # y' at the checkpoint: the BDF interpolant there, or y'0 at the very start.
@@ -296,7 +296,9 @@ def backward(adjoint: Adjoint, static, problem_fwd: Problem, checkpoints, t_fina
         c = k["c"]
         t_low = ck_states.t[c]
         need = (t_low < k["t_cur"]) | (c == 0)
-        buf, ok = jax.lax.cond(eqxi.unvmap_any(need), lambda: recompute(c),
+        ck = jax.tree_util.tree_map(lambda x: x[c], ck_states)
+        t_next = jnp.where(c + 1 >= n_ck, t1, ck_states.t[jnp.minimum(c + 1, ck_cap - 1)])
+        buf, ok = jax.lax.cond(eqxi.unvmap_any(need), lambda: recompute(c, ck, t_next),
                                lambda: (k["buf"], jnp.ones((), bool)))
         buf = tree_where(need, buf, k["buf"])
         k = dict(k, buf=buf, ok=k["ok"] & (ok | ~need), t_low=t_low)
