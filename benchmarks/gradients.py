@@ -91,10 +91,11 @@ def time_jitted(fns: dict, arg, repeats: int) -> dict:
     ``peers.measure``), then ``repeats`` rounds that call every fn once in turn, so that
     load from other processes hits all of them alike and their ratio stays meaningful.
     Returns {name: dict(compile_s, wall_s (median), min_s, value (flattened first
-    output), aux (second output, e.g. the forward step count))} ({name: {error}} if a
+    output), aux (second output, e.g. the forward step count), adj_steps)} ({name: {error}} if a
     call raises)."""
     out, first = {}, {}
     for name, fn in fns.items():
+        AdjointSteps.label = name
         try:
             first[name], res = peers._timed(lambda: jax.block_until_ready(fn(arg)))
             out[name] = dict(value=_flat(res[0]), aux=int(res[1]), walls=[])
@@ -107,6 +108,7 @@ def time_jitted(fns: dict, arg, repeats: int) -> dict:
                 out[name]["walls"].append(
                     peers._timed(lambda: jax.block_until_ready(fn(arg)))[0])
     for name, r in out.items():
+        r["adj_steps"] = AdjointSteps.counts.get(name)
         if "error" not in r:
             r["wall_s"] = statistics.median(r["walls"])
             r["min_s"] = min(r["walls"])
@@ -114,35 +116,34 @@ def time_jitted(fns: dict, arg, repeats: int) -> dict:
     return out
 
 
-class AdjointStepCounter:
-    """Counts the backward (adjoint) steps of every gradient traced while active.
+class AdjointSteps:
+    """Backward (adjoint) step counts of daeadjoint gradients, by label.
 
     ``daeadjoint`` computes ``stats['adjoint_steps']`` in its backward pass but does not
-    return it; this wraps the (private) ``daeadjoint._solve.backward`` with one
-    ``jax.debug.callback`` that reports it (one host call per gradient, after the
-    backward loop; a few microseconds). Only functions traced inside ``with`` are
-    affected."""
+    return it. ``install()`` wraps the (private) ``daeadjoint._solve.backward`` with one
+    ``jax.debug.callback`` that stores it under the label current when the gradient was
+    traced (``time_jitted`` sets the label to the function's name): one host call per
+    gradient, after the backward loop. If the private function is gone, counts stay
+    empty and the tables say n/a."""
 
-    def __init__(self):
-        self.counts: list[int] = []
+    label: str | None = None
+    counts: dict = {}
 
-    def __enter__(self):
-        self._orig = orig = _dae_solve.backward
+    @classmethod
+    def install(cls) -> None:
+        orig = getattr(_dae_solve, "backward", None)
+        if orig is None or getattr(orig, "_counted", False):
+            return
 
         def backward(*a, **kw):
             out = orig(*a, **kw)
-            jax.debug.callback(lambda s: self.counts.append(int(s)), out[-1]["adjoint_steps"])
+            label = cls.label
+            jax.debug.callback(lambda s: cls.counts.__setitem__(label, int(s)),
+                               out[-1]["adjoint_steps"])
             return out
 
+        backward._counted = True
         _dae_solve.backward = backward
-        return self
-
-    def __exit__(self, *exc):
-        _dae_solve.backward = self._orig
-
-    @property
-    def last(self):
-        return self.counts[-1] if self.counts else None
 
 
 # --------------------------------------------------------------------------- problems
@@ -204,19 +205,15 @@ def heat_setup(M: int):
                          algebraic=algebraic, rtol=1e-5, atol=1e-5, max_steps=MAX_STEPS,
                          sensitivity=dae.Adjoint())
 
-    def loss_p(p):  # p = (p1, p2); u0 fixed
-        sol = solve(p[0], p[1], u0)
-        return jnp.sum(sol.ys[-1] ** 2), sol.stats["num_steps"]
-
-    def loss_all(a):  # a = (p, u0): M^2 + 2 parameters
+    def loss(a):  # a = ((p1, p2), u0 (M, M)): g1 = Σ u(T)², and the forward step count
         sol = solve(a[0][0], a[0][1], a[1])
         return jnp.sum(sol.ys[-1] ** 2), sol.stats["num_steps"]
 
-    def uut(p):  # Σ u u_t at T, for the time-scaling check
-        sol = solve(p[0], p[1], u0)
-        return jnp.sum(sol.ys[-1] * sol.yps[-1]), sol.stats["num_steps"]
+    def uut(a):  # Σ u u_t at T, for the time-scaling check
+        sol = solve(a[0][0], a[0][1], a[1])
+        return jnp.sum(sol.ys[-1] * sol.yps[-1])
 
-    return dict(N=N, u0=u0, loss_p=loss_p, loss_all=loss_all, uut=uut)
+    return dict(N=N, args=(jnp.array([1.0, 1.0]), u0), loss=loss, uut=uut)
 
 
 BARNES_Y0 = jnp.array([1.0, 0.3])
@@ -238,69 +235,85 @@ def barnes_solve(p, ts, rtol=1e-6, atol=1e-8):
 
 
 # --------------------------------------------------------------------------- 1. ratios
-def part1(repeats: int, grids: tuple[int, ...]) -> list[dict]:
+def grad_of(loss, wrt=None):
+    """jit of the gradient of ``loss(arg) -> (value, aux)``, w.r.t. all of ``arg`` or,
+    with ``wrt = 0``, only w.r.t. ``arg[0]`` (the rest held fixed); returns (grad, aux)."""
+    if wrt is None:
+        return jax.jit(jax.grad(loss, has_aux=True))
+    return jax.jit(lambda a: jax.grad(lambda a0: loss((a0,) + tuple(a[1:])), has_aux=True)(a[0]))
+
+
+def part1(repeats: int, grids: tuple[int, ...]) -> tuple[list[dict], dict]:
     rows = []
     # (a) Robertson
-    f = jax.jit(robertson_G)
-    g = jax.jit(jax.grad(robertson_G, has_aux=True))
-    fwd = guarded("robertson fwd", time_jitted, "fwd", f, ROB_P, repeats)
-    with AdjointStepCounter() as cnt:
-        grd = guarded("robertson grad", time_jitted, "grad", g, ROB_P, repeats)
-    rows.append(dict(problem="Robertson G=∫y3, t1=4e10", n=3, wrt="p (3)", npar=3, fwd=fwd,
-                     grad=grd, adj_steps=cnt.last))
-    # (b) heat
+    rob = {"robertson fwd": jax.jit(robertson_G), "robertson grad": grad_of(robertson_G)}
+    with OtherLoad() as load:
+        r = time_jitted(rob, ROB_P, repeats)
+    rows.append(dict(problem="Robertson G=∫y3 dt, t1=4e10", n=3, wrt="p (3)",
+                     fwd=r["robertson fwd"], grad=r["robertson grad"], load=load.cores))
+    # (b) heat: the same loss of a = ((p1, p2), u0); gradient w.r.t. (p1, p2) or all of a
     for M in grids:
         h = heat_setup(M)
-        p = jnp.array([1.0, 1.0])
-        fwd = guarded(f"heat{M} fwd", time_jitted, "fwd", jax.jit(h["loss_p"]), p, repeats)
-        for wrt, fn, arg, npar in (
-                ("(p1, p2)", h["loss_p"], p, 2),
-                (f"(p1, p2, u0) ({M * M + 2})", h["loss_all"], (p, h["u0"]), M * M + 2)):
-            with AdjointStepCounter() as cnt:
-                grd = guarded(f"heat{M} grad {wrt}", time_jitted, "grad",
-                              jax.jit(jax.grad(fn, has_aux=True)), arg, repeats)
-            row = dict(problem=f"heat R5, M={M} ({h['N']}x{h['N']} mesh)", n=h["N"] ** 2,
-                       wrt=wrt, npar=npar, fwd=fwd, grad=grd, adj_steps=cnt.last)
-            if npar > 2 and "error" not in grd and "error" not in fwd:
-                row["checks"] = heat_checks(h, fwd, grd, M)
-            rows.append(row)
-    return rows
+        names = {f"heat{M} fwd": jax.jit(h["loss"]), f"heat{M} grad p": grad_of(h["loss"], 0),
+                 f"heat{M} grad all": grad_of(h["loss"])}
+        with OtherLoad() as load:
+            r = time_jitted(names, h["args"], repeats)
+        fwd, gp, ga = r[f"heat{M} fwd"], r[f"heat{M} grad p"], r[f"heat{M} grad all"]
+        prob = f"heat R5, M={M} ({h['N']}x{h['N']} mesh)"
+        rows.append(dict(problem=prob, n=h["N"] ** 2, wrt="(p1, p2)", fwd=fwd, grad=gp,
+                         load=load.cores))
+        row = dict(problem=prob, n=h["N"] ** 2, wrt=f"(p1, p2, u0): {M * M + 2}", fwd=fwd,
+                   grad=ga, load=load.cores)
+        if "error" not in ga and "error" not in fwd and "error" not in gp:
+            row["vs_p"] = ga["wall_s"] / gp["wall_s"]
+            row["checks"] = heat_checks(h, fwd, gp, ga)
+        rows.append(row)
+    return rows, rob
 
 
-def heat_checks(h, fwd, grd, M) -> str:
-    """Exact identities of this linear, symmetric problem (independent of the solver's
-    discretisation of time): dg/dp1 = dg/dp2 (p1 = p2, symmetric u0); u0·∇_u0 g = 2g
-    (g is quadratic in u0); p·∇_p g = T dg/dT = 2T Σ u u_t (time scaling)."""
+def heat_checks(h, fwd, gp, ga) -> str:
+    """Exact identities of this linear, symmetric problem (they hold for the semi-discrete
+    system, so they test the adjoint, not the spatial grid): dg/dp1 = dg/dp2 (p1 = p2,
+    symmetric u0); u0·∇_u0 g = 2g (g is quadratic in u0); p·∇_p g = T dg/dT =
+    2T Σ u u_t (time scaling); and both gradients agree on dg/dp."""
     g = fwd["value"][0]
-    grad = grd["value"]  # (dp1, dp2, du0...)
+    grad = ga["value"]  # (dp1, dp2, du0...)
     sym = abs(grad[0] - grad[1]) / abs(grad[0])
-    euler = float(np.dot(np.ravel(h["u0"]), grad[2:]) / (2 * g) - 1)
-    uut = float(jax.jit(h["uut"])(jnp.array([1.0, 1.0]))[0])
+    same = float(np.max(np.abs(grad[:2] - gp["value"])) / np.max(np.abs(gp["value"])))
+    euler = float(np.dot(np.ravel(h["args"][1]), grad[2:]) / (2 * g) - 1)
+    uut = float(jax.jit(h["uut"])(h["args"]))
     scale = float((grad[0] + grad[1]) / (2 * 0.16 * uut) - 1)
-    return (f"dg/dp1 = {grad[0]:.5f}, |dg/dp1−dg/dp2|/|dg/dp1| = {sym:.1e}; "
-            f"u0·∇g/(2g) − 1 = {euler:.1e}; p·∇g/(2TΣu·u_t) − 1 = {scale:.1e}")
+    return (f"dg/dp = ({grad[0]:.5f}, {grad[1]:.5f}); "
+            f"checks: (dg/dp1−dg/dp2)/dg/dp1 {sym:.0e}, p-only vs full {same:.0e}, "
+            f"u0·∇g/(2g)−1 {euler:.1e}, p·∇g/(2TΣu·u_t)−1 {scale:.1e}")
 
 
 def print_part1(rows: list[dict]) -> None:
     print("## 1. Gradient time ÷ forward time (same jitted loss)\n")
     print("| problem | unknowns | gradient w.r.t. | fwd steps | adjoint steps | fwd compile s "
-          "| grad compile s | fwd wall s | grad wall s | grad / fwd | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| grad compile s | fwd wall s | grad wall s | grad / fwd | grad / grad(p only) "
+          "| other cores busy | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         f, g = r["fwd"], r["grad"]
         ratio = None if "error" in f or "error" in g else g["wall_s"] / f["wall_s"]
         note = g.get("error") or f.get("error") or r.get("checks", "")
         if r["problem"].startswith("Robertson") and "value" in g:
-            note = ("dG/dp = (" + ", ".join(f"{v:.4e}" for v in g["value"]) + "); rel. diff vs "
-                    "IDAS ASA " + ", ".join(f"{v:.1e}" for v in np.abs(g["value"] / IDAS_DGDP - 1)))
+            note = ("dG/dp = (" + ", ".join(f"{v:.4e}" for v in g["value"]) + "), rel. diff vs "
+                    "IDAS ASA (" + ", ".join(f"{v:.0e}" for v in np.abs(g["value"] / IDAS_DGDP - 1))
+                    + ")")
         print(f"| {r['problem']} | {r['n']} | {r['wrt']} | {f.get('aux', 'n/a')} "
-              f"| {_fmt(r['adj_steps'], 'd')} | {_fmt(f.get('compile_s'), '.1f')} "
+              f"| {_fmt(g.get('adj_steps'), 'd')} | {_fmt(f.get('compile_s'), '.1f')} "
               f"| {_fmt(g.get('compile_s'), '.1f')} | {_fmt(f.get('wall_s'), '.4f')} "
-              f"| {_fmt(g.get('wall_s'), '.4f')} | {_fmt(ratio, '.1f')} | {note} |")
+              f"| {_fmt(g.get('wall_s'), '.4f')} | {_fmt(ratio, '.1f')} "
+              f"| {_fmt(r.get('vs_p'), '.2f')} | {r['load']:.2f} | {note} |")
     print()
 
 
 # --------------------------------------------------------------------------- 2. diffrax
+DIFFRAX_ATOL = jnp.array([1e-8, 1e-14, 1e-6])  # (y1, y2, z): daeadjoint's atol on (y1, y2, y3)
+
+
 def diffrax_G(adjoint):
     """p -> (G, steps) on the ODE form of Robertson plus z' = y3 (z(t1) = G)."""
     vector_field, _ = problems.jax_ode(ROB)
@@ -308,7 +321,7 @@ def diffrax_G(adjoint):
     def vf(t, x, p):
         return jnp.concatenate([vector_field(t, x[:2], p), (1.0 - x[0] - x[1])[None]])
 
-    controller = diffrax.PIDController(rtol=1e-6, atol=jnp.array([1e-8, 1e-14, 1e-6]))
+    controller = diffrax.PIDController(rtol=1e-6, atol=DIFFRAX_ATOL)
 
     def G(p):
         sol = diffrax.diffeqsolve(diffrax.ODETerm(vf), diffrax.Kvaerno5(), 0.0, ROB_T1, None,
@@ -320,155 +333,159 @@ def diffrax_G(adjoint):
     return G
 
 
-def part2(repeats: int, dae_row: dict) -> list[dict]:
-    rows = [dict(label="daeadjoint Adjoint (BDF, checkpoint_every=50)", grad=dae_row["grad"],
-                 fwd=dae_row["fwd"])]
-    for label, adjoint in (("diffrax Kvaerno5 RecursiveCheckpointAdjoint", diffrax.RecursiveCheckpointAdjoint()),
-                           ("diffrax Kvaerno5 BacksolveAdjoint", diffrax.BacksolveAdjoint())):
+def part2(repeats: int, rob: dict) -> list[tuple[str, dict, dict, float]]:
+    """Every gradient timed in the same interleaved rounds (daeadjoint's jitted gradient
+    from part 1 is reused, already compiled)."""
+    fns = {"daeadjoint fwd": rob["robertson fwd"], "daeadjoint grad": rob["robertson grad"]}
+    labels = {"daeadjoint": "daeadjoint Adjoint (BDF, checkpoint_every=50)"}
+    for key, label, adjoint in (
+            ("recursive", "diffrax Kvaerno5, RecursiveCheckpointAdjoint (default)",
+             diffrax.RecursiveCheckpointAdjoint()),
+            ("backsolve", "diffrax Kvaerno5, BacksolveAdjoint", diffrax.BacksolveAdjoint())):
         G = diffrax_G(adjoint)
-        fwd = guarded(label + " fwd", time_jitted, "fwd", jax.jit(G), ROB_P, repeats)
-        grd = guarded(label + " grad", time_jitted, "grad", jax.jit(jax.grad(G, has_aux=True)),
-                      ROB_P, repeats)
-        rows.append(dict(label=label, fwd=fwd, grad=grd))
-    return rows
+        fns[f"{key} fwd"], fns[f"{key} grad"] = jax.jit(G), grad_of(G)
+        labels[key] = label
+    with OtherLoad() as load:
+        r = time_jitted(fns, ROB_P, repeats)
+    return [(labels[k], r[f"{k} fwd"], r[f"{k} grad"], load.cores) for k in labels]
 
 
-def print_part2(rows: list[dict]) -> None:
+def print_part2(rows) -> None:
     print("## 2. Robertson dG/dp, G = ∫_0^{4e10} y3 dt: daeadjoint vs diffrax (ODE form)\n")
-    print("IDAS ASA reference dG/dp = (1.4879e+06, -5.9470e+00, 9.9117e-04).\n")
-    print("| solver | fwd steps | grad compile s | grad wall s | daeadjoint / this "
-          "| dG/dp1 | dG/dp2 | dG/dp3 | max rel diff vs IDAS | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    ref = rows[0]["grad"].get("wall_s")
-    for r in rows:
-        g = r["grad"]
+    print(f"IDAS ASA reference dG/dp = (1.4879e+06, -5.9470e+00, 9.9117e-04). Other cores busy "
+          f"during these runs: {rows[0][3]:.2f}.\n")
+    print("| solver | fwd steps | fwd wall s | grad compile s | grad wall s | grad / fwd "
+          "| grad: daeadjoint / this | dG/dp1 | dG/dp2 | dG/dp3 | max rel diff vs IDAS | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    ref = rows[0][2].get("wall_s")
+    for label, f, g, _ in rows:
         if "error" in g:
-            print(f"| {r['label']} | {r['fwd'].get('aux', 'n/a')} | n/a | n/a | n/a | n/a | n/a "
-                  f"| n/a | n/a | {g['error']} |")
+            print(f"| {label} | {f.get('aux', 'n/a')} | {_fmt(f.get('wall_s'), '.4f')} | n/a "
+                  f"| n/a | n/a | n/a | n/a | n/a | n/a | n/a | fails: {g['error']} |")
             continue
         v = g["value"]
         diff = float(np.max(np.abs(v / IDAS_DGDP - 1)))
-        finite = bool(np.all(np.isfinite(v)))
-        print(f"| {r['label']} | {r['fwd'].get('aux', 'n/a')} | {g['compile_s']:.1f} "
-              f"| {g['wall_s']:.4f} | {_fmt(ref and ref / g['wall_s'], '.2f')} "
+        bad = not np.all(np.isfinite(v)) or diff > 1e-2
+        print(f"| {label} | {f.get('aux', 'n/a')} | {_fmt(f.get('wall_s'), '.4f')} "
+              f"| {g['compile_s']:.1f} | {g['wall_s']:.4f} "
+              f"| {_fmt(f.get('wall_s') and g['wall_s'] / f['wall_s'], '.1f')} "
+              f"| {_fmt(ref and ref / g['wall_s'], '.3f')} "
               f"| {v[0]:.5e} | {v[1]:.5e} | {v[2]:.5e} | {diff:.1e} "
-              f"| {'' if finite and diff < 1e-2 else 'gradient wrong'} |")
+              f"| {'gradient wrong' if bad else ''} |")
     print()
 
 
 # --------------------------------------------------------------------------- 3. Barnes
+BARNES_P_TRUE = jnp.array([1.0, 1.0, 1.0])
+BARNES_P = jnp.array([1.1, 0.9, 1.05])
+
+
 def part3(repeats: int, n_obs: tuple[int, ...]) -> list[dict]:
-    p_true = jnp.array([1.0, 1.0, 1.0])
-    p = jnp.array([1.1, 0.9, 1.05])
     rng = np.random.default_rng(0)
     rows = []
     for n_o in n_obs:
         ts = jnp.linspace(BARNES_T1 / n_o, BARNES_T1, n_o)
-        clean = jax.jit(lambda q: barnes_solve(q, ts).ys)(p_true)
+        clean = jax.jit(lambda q, ts=ts: barnes_solve(q, ts).ys)(BARNES_P_TRUE)
         data = clean + 0.01 * jnp.asarray(rng.standard_normal(clean.shape))  # fixed noise
 
         def S(q, ts=ts, data=data):
             sol = barnes_solve(q, ts)
             return 0.5 * jnp.sum((data - sol.ys) ** 2), sol.stats["num_steps"]
 
-        fwd = guarded(f"barnes {n_o} fwd", time_jitted, "fwd", jax.jit(S), p, repeats)
-        with AdjointStepCounter() as cnt:
-            grd = guarded(f"barnes {n_o} grad", time_jitted, "grad",
-                          jax.jit(jax.grad(S, has_aux=True)), p, repeats)
-        row = dict(n_o=n_o, fwd=fwd, grad=grd, adj_steps=cnt.last)
-        if n_o == n_obs[0] and "error" not in grd:
-            row["fd"] = barnes_fd(p, ts, data, grd["value"])
+        fns = {f"barnes{n_o} fwd": jax.jit(S), f"barnes{n_o} grad": grad_of(S)}
+        with OtherLoad() as load:
+            r = time_jitted(fns, BARNES_P, repeats)
+        row = dict(n_o=n_o, fwd=r[f"barnes{n_o} fwd"], grad=r[f"barnes{n_o} grad"],
+                   load=load.cores)
+        if "error" not in row["grad"] and n_o in (n_obs[0], n_obs[-1]):
+            row["fd"] = barnes_fd(ts, data, row["grad"]["value"])
         rows.append(row)
     return rows
 
 
-def barnes_fd(p, ts, data, grad) -> float:
-    """max rel diff of the gradient vs central differences of a rtol-1e-10 forward."""
+def barnes_fd(ts, data, grad) -> float:
+    """max |grad − FD| / max |FD|, FD = central differences (h = 1e-5) of an rtol-1e-10
+    forward solve."""
     S = jax.jit(lambda q: 0.5 * jnp.sum((data - barnes_solve(q, ts, 1e-10, 1e-12).ys) ** 2))
-    fd = []
-    for i in range(3):
-        e = jnp.zeros(3).at[i].set(1e-5)
-        fd.append((S(p + e) - S(p - e)) / 2e-5)
-    fd = np.asarray(fd)
+    fd = np.array([(S(BARNES_P + e) - S(BARNES_P - e)) / 2e-5 for e in 1e-5 * jnp.eye(3)])
     return float(np.max(np.abs(grad - fd)) / np.max(np.abs(fd)))
 
 
 def print_part3(rows: list[dict]) -> None:
     print("## 3. R6 Barnes least squares: cost vs number of observations n_o\n")
     print("| n_o | fwd steps | adjoint steps | fwd wall s | grad wall s | grad / fwd "
-          "| grad / grad(n_o=10) | fwd / fwd(n_o=10) | grad compile s | dS/dp | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| grad / grad(n_o=10) | fwd / fwd(n_o=10) | grad compile s | dS/dp "
+          "| other cores busy | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     base = rows[0]
     for r in rows:
         f, g = r["fwd"], r["grad"]
         ok = "error" not in f and "error" not in g
         note = g.get("error") or f.get("error") or ""
         if "fd" in r:
-            note = f"max rel diff vs central FD (rtol 1e-10 forward) {r['fd']:.1e}"
+            note = f"vs central FD of an rtol-1e-10 forward: max rel diff {r['fd']:.0e}"
         gb, fb = base["grad"].get("wall_s"), base["fwd"].get("wall_s")
-        print(f"| {r['n_o']} | {f.get('aux', 'n/a')} | {_fmt(r['adj_steps'], 'd')} "
+        print(f"| {r['n_o']} | {f.get('aux', 'n/a')} | {_fmt(g.get('adj_steps'), 'd')} "
               f"| {_fmt(f.get('wall_s'), '.4f')} | {_fmt(g.get('wall_s'), '.4f')} "
               f"| {_fmt(ok and g['wall_s'] / f['wall_s'] or None, '.1f')} "
               f"| {_fmt(ok and gb and g['wall_s'] / gb or None, '.2f')} "
               f"| {_fmt(ok and fb and f['wall_s'] / fb or None, '.2f')} "
               f"| {_fmt(g.get('compile_s'), '.1f')} "
               f"| {'(' + ', '.join(f'{v:.5g}' for v in g['value']) + ')' if ok else 'n/a'} "
-              f"| {note} |")
+              f"| {r['load']:.2f} | {note} |")
     print()
 
 
 # --------------------------------------------------------------------------- 4. memory
 def part4(t1s: tuple[float, ...], everys: tuple[int, ...], max_steps: int) -> dict:
-    """One compiled gradient per checkpoint_every with t1 a traced argument, so the very
-    same executable (same buffer plan) runs every t1; plus the forward-only loss."""
-    steps = {}
-    fwd = jax.jit(lambda t1: robertson_G(ROB_P, t1, max_steps=max_steps)[1])
-    for t1 in t1s:
-        steps[t1] = int(fwd(jnp.asarray(t1)))
-    lowered_fwd = jax.jit(lambda p, t1: robertson_G(p, t1, max_steps=max_steps)[0])
-    mem_fwd = lowered_fwd.lower(ROB_P, jnp.asarray(t1s[0])).compile().memory_analysis()
+    """One compiled gradient per checkpoint_every with (p, t1) traced arguments, so the
+    very same executable (same buffer plan) runs every t1; plus the forward-only loss."""
+    steps_fn = jax.jit(lambda p, t1: robertson_G(p, t1, max_steps=max_steps)[1])
+    steps = {t1: int(steps_fn(ROB_P, t1)) for t1 in t1s}
+    fwd_mem = jax.jit(lambda p, t1: robertson_G(p, t1, max_steps=max_steps)[0]).lower(
+        ROB_P, t1s[0]).compile().memory_analysis()
     rows = []
     for every in everys:
-        g = jax.grad(lambda p, t1: robertson_G(p, t1, every, max_steps)[0])
+        g = jax.grad(lambda p, t1, every=every: robertson_G(p, t1, every, max_steps)[0])
         try:
             t = time.perf_counter()
-            compiled = jax.jit(g).lower(ROB_P, jnp.asarray(t1s[0])).compile()
+            compiled = jax.jit(g).lower(ROB_P, t1s[0]).compile()
             compile_s = time.perf_counter() - t
-            mem = compiled.memory_analysis()
             runs = {}
             for t1 in t1s:
-                t = time.perf_counter()
-                val = jax.block_until_ready(compiled(ROB_P, jnp.asarray(t1)))
-                runs[t1] = (time.perf_counter() - t, np.asarray(val))
-            rows.append(dict(every=every, mem=mem, compile_s=compile_s, runs=runs))
+                jax.block_until_ready(compiled(ROB_P, t1))
+                runs[t1] = statistics.median(
+                    peers._timed(lambda: jax.block_until_ready(compiled(ROB_P, t1)))[0]
+                    for _ in range(3))
+            rows.append(dict(every=every, mem=compiled.memory_analysis(), compile_s=compile_s,
+                             runs=runs))
         except Exception as e:  # noqa: BLE001
+            print(f"<!-- memory checkpoint_every={every} failed: {_error_line(e)} -->")
             rows.append(dict(every=every, error=_error_line(e)))
-    return dict(steps=steps, mem_fwd=mem_fwd, rows=rows, max_steps=max_steps)
+    return dict(steps=steps, fwd_mem=fwd_mem, rows=rows, max_steps=max_steps)
 
 
 def print_part4(res: dict) -> None:
-    MiB = 2.0 ** 20
-    ms = res["max_steps"]
-    print(f"## 4. Compiled memory of the jitted Robertson gradient (max_steps = {ms})\n")
-    print("`jax.jit(grad).lower(p, t1).compile().memory_analysis()`; t1 is a traced argument, "
-          "so one executable runs every t1 below. Forward-only loss (no checkpoints): temp "
-          f"{res['mem_fwd'].temp_size_in_bytes / MiB:.3f} MiB.\n")
-    t1s = list(res["steps"])
-    print("| checkpoint_every | checkpoints (max_steps/every) | temp MiB | argument B | output B "
-          "| compile s | " + " | ".join(f"t1={t1:.0e}: steps / grad s" for t1 in t1s) + " | note |")
+    KiB = 1024.0
+    ms, t1s = res["max_steps"], list(res["steps"])
+    print(f"## 4. Compiled memory of the jitted Robertson gradient vs steps (max_steps = {ms})\n")
+    print("`jax.jit(jax.grad(G)).lower(p, t1).compile().memory_analysis()` with (p, t1) traced, "
+          "so one executable (one buffer plan) runs every t1. Forward steps per t1: "
+          + ", ".join(f"t1={t1:.0e}: {n}" for t1, n in res["steps"].items())
+          + f". Forward-only loss (no checkpoints): temp {res['fwd_mem'].temp_size_in_bytes / KiB:.0f} KiB.\n")
+    print("| checkpoint_every | checkpoint slots (max_steps/every) | temp KiB | argument B "
+          "| output B | grad compile s | "
+          + " | ".join(f"grad s, t1={t1:.0e}" for t1 in t1s) + " | note |")
     print("|---|---|---|---|---|---|" + "---|" * len(t1s) + "---|")
     for r in res["rows"]:
         if "error" in r:
-            print(f"| {r['every']} | | n/a | | | | " + " | " * len(t1s) + f"{r['error']} |")
+            print(f"| {r['every']} | {ms // r['every']} | n/a | n/a | n/a | n/a | "
+                  + " | ".join("n/a" for _ in t1s) + f" | {r['error']} |")
             continue
         m = r["mem"]
-        cells = []
-        for t1 in t1s:
-            wall, val = r["runs"][t1]
-            cells.append(f"{res['steps'][t1]} / {wall:.3f}")
-        print(f"| {r['every']} | {ms // r['every']} | {m.temp_size_in_bytes / MiB:.3f} "
-              f"| {m.argument_size_in_bytes} | {m.output_size_in_bytes} | {r['compile_s']:.1f} "
-              f"| " + " | ".join(cells) + " | |")
+        print(f"| {r['every']} | {ms // r['every']} | {m.temp_size_in_bytes / KiB:.0f} "
+              f"| {m.argument_size_in_bytes} | {m.output_size_in_bytes} | {r['compile_s']:.1f} | "
+              + " | ".join(f"{r['runs'][t1]:.3f}" for t1 in t1s) + " | |")
     print()
 
 
@@ -476,22 +493,26 @@ def print_part4(res: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="3 repeats, heat M=10 only, fewer n_o / checkpoint_every")
+                        help="3 repeats, heat M=10 only, n_o in (10, 2400), 2 checkpoint_every")
     opts = parser.parse_args()
     if opts.quick:
         repeats, grids, n_obs, everys = 3, (10,), (10, 2400), (25, 100)
     else:
-        repeats, grids, n_obs, everys = 5, (10, 20), (10, 100, 400, 2400), (25, 50, 100, 400)
+        repeats, grids, n_obs, everys = 7, (10, 20), (10, 100, 400, 2400), (25, 50, 100, 400)
+    AdjointSteps.install()
     t_start = time.perf_counter()
     print(f"# daeadjoint gradient benchmarks ({'quick' if opts.quick else 'full'})\n")
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"jax {jax.__version__} ({jax.default_backend()}, x64), diffrax {diffrax.__version__}; "
-          f"median of {repeats} warm runs after one warm-up; 1-min load average before start "
-          f"{os.getloadavg()[0]:.2f}\n", flush=True)
-    rows1 = part1(repeats, grids)
+          f"median of {repeats} warm runs after one warm-up, the functions compared in a "
+          f"table timed in interleaved rounds; 1-min load average before start "
+          f"{os.getloadavg()[0]:.2f}. 'other cores busy': average number of cores other "
+          f"processes kept busy meanwhile (timings are only comparable where it is ~0).\n",
+          flush=True)
+    rows1, rob = part1(repeats, grids)
     print_part1(rows1)
     sys.stdout.flush()
-    print_part2(part2(repeats, rows1[0]))
+    print_part2(part2(repeats, rob))
     sys.stdout.flush()
     print_part3(part3(repeats, n_obs))
     sys.stdout.flush()

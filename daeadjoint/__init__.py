@@ -2,10 +2,11 @@
 F(t, y, y', args) = 0 in the SUNDIALS IDAS tradition."""
 
 from ._adjoint import Adjoint
+from ._discrete_adjoint import DiscreteAdjoint
 from ._linear_solver import DenseLU
 from ._results import RESULTS
 from ._solution import Solution
 from ._solve import solve
 
-__all__ = ["solve", "Solution", "RESULTS", "DenseLU", "Adjoint"]
+__all__ = ["solve", "Solution", "RESULTS", "DenseLU", "Adjoint", "DiscreteAdjoint"]
 __version__ = "0.1.0"

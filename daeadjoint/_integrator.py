@@ -229,7 +229,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     eta_fail = jnp.where(conv_fail, ETA_CF, jnp.where(nef == 1, eta_ef1, ETA_MIN_EF))
     k_fail = jnp.where(conv_fail, k, jnp.where(nef >= 3, 1, knew))
     h_fail = h * eta_fail
-    # On the very first step φ_1 = h y'_0 is rescaled with h (IDAS IDAReset).
+    # On the very first step φ_1 = h y'_0 and ψ_0 = h are rescaled with h (IDAS IDAReset).
     rescale = jnp.where(first, eta_fail, 1.0)
     phi_fail = s.phi.at[1].multiply(rescale)
     phiq_fail = s.phiq.at[1].multiply(rescale)
@@ -265,7 +265,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     )
     rejected_state = State(
         t=s.t, h=h_fail, h_used=s.h_used, k=k_fail, k_used=s.k_used, ns=co["ns"],
-        phase=jnp.ones_like(phase), phi=phi_fail, phiq=phiq_fail, psi=s.psi, cj=cj,
+        phase=jnp.ones_like(phase), phi=phi_fail, phiq=phiq_fail,
+        psi=jnp.where(first, s.psi.at[0].set(h_fail), s.psi), cj=cj,
         cj_old=nw.cj_old, ss=nw.ss, lin_state=nw.lin_state, jac_point=nw.jac_point,
         nef=jnp.where(conv_fail, s.nef, nef),
         ncf=ncf, stats=st, result=result,
@@ -443,3 +444,24 @@ class StepRecorder(eqx.Module):
         y = h00 * ya + h10 * ma + h01 * yb + h11 * mb
         yp = (d00 * ya + d10 * ma + d01 * yb + d11 * mb) / h
         return y, yp
+
+
+class StepLog(eqx.Module):
+    """The accepted step sequence (t_n, h_n, k_n): with the initial state it determines
+    every BDF coefficient of the run, so the discrete solution map can be replayed with
+    the step sequence frozen (`DiscreteAdjoint`). Capacity: max_steps."""
+
+    t: Float[Array, " N"]
+    h: Float[Array, " N"]
+    k: Int[Array, " N"]
+    count: Int[Array, ""]
+
+    @classmethod
+    def create(cls, capacity: int, dtype):
+        return cls(t=jnp.full((capacity,), jnp.inf, dtype), h=jnp.zeros((capacity,), dtype),
+                   k=jnp.ones((capacity,), jnp.int32), count=jnp.zeros((), jnp.int32))
+
+    def record(self, s: State, passed) -> "StepLog":
+        i = jnp.minimum(self.count, self.t.shape[0] - 1)
+        t, h, k = _write_slot((self.t, self.h, self.k), i, (s.t, s.h_used, s.k_used), passed)
+        return StepLog(t, h, k, self.count + passed.astype(jnp.int32))

@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._adjoint import Adjoint, backward
+from ._discrete_adjoint import DiscreteAdjoint, discrete_backward
 from ._initialization import consistent_initial_conditions
-from ._integrator import (CheckpointRecorder, Outputs, Problem, initial_state, initial_step,
-                          integrate, write_outputs)
+from ._integrator import (CheckpointRecorder, Outputs, Problem, StepLog, initial_state,
+                          initial_step, integrate, write_outputs)
 from ._linear_solver import DenseLU
 from ._results import RESULTS
 from ._solution import Solution
@@ -158,10 +159,12 @@ def build_problem(static: _Static, linear_solver, t0, y0, yp0, args, algebraic, 
 
 
 def forward_solve(static: _Static, linear_solver, t0, t1, y0, yp0, args, saveat,
-                  algebraic, rtol, atol, quad_rtol, quad_atol, tstop, checkpoint_every=None):
+                  algebraic, rtol, atol, quad_rtol, quad_atol, tstop, checkpoint_every=None,
+                  log_steps=False):
     """Consistent initialization (if asked) and the forward integration; pure JAX.
 
-    Returns (solution, final BDF state, checkpoints or None, consistent (y0, y'0))."""
+    Returns (solution, final BDF state, recorder or None, consistent (y0, y'0)); the
+    recorder holds checkpoints (`checkpoint_every`) or the step sequence (`log_steps`)."""
     init_ok = jnp.ones((), bool)
     if static.init is not None:
         y0, yp0, init_ok = consistent_initial_conditions(
@@ -183,6 +186,8 @@ def forward_solve(static: _Static, linear_solver, t0, t1, y0, yp0, args, saveat,
     recorders = ()
     if checkpoint_every is not None:
         recorders = (CheckpointRecorder.create(state, checkpoint_every, static.max_steps),)
+    elif log_steps:
+        recorders = (StepLog.create(static.max_steps, y0.dtype),)
     state, outputs, recorders = integrate(problem, state, outputs, t1, static.max_steps, recorders)
     stats = dict(state.stats)
     stats["t_final"] = state.t
@@ -208,10 +213,11 @@ def _solve_differentiable(diff, static, adjoint, linear_solver, nondiff):
 @_solve_differentiable.def_fwd
 def _solve_fwd(perturbed, diff, static, adjoint, linear_solver, nondiff):
     t0, t1, y0, yp0, args, saveat = diff
-    sol, state, checkpoints, (y0c, yp0c) = forward_solve(
+    discrete = isinstance(adjoint, DiscreteAdjoint)
+    sol, state, recorder, (y0c, yp0c) = forward_solve(
         static, linear_solver, t0, t1, y0, yp0, args, saveat, nondiff[0], *nondiff[1:],
-        checkpoint_every=adjoint.checkpoint_every)
-    return sol, (sol, checkpoints, state.t, y0c, yp0c)
+        checkpoint_every=None if discrete else adjoint.checkpoint_every, log_steps=discrete)
+    return sol, (sol, recorder, state.t, y0c, yp0c)
 
 
 @_solve_differentiable.def_bwd
@@ -228,11 +234,15 @@ def _solve_bwd(residuals, grad_sol, perturbed, diff, static, adjoint, linear_sol
     qs = sol.qs if sol.qs is not None else jnp.zeros((saveat.shape[0], 0), y0c.dtype)
     qbar = zero_if_none(grad_sol.qs, qs) if sol.qs is not None else qs
     sol = sol.result.error_if(sol, sol.result != RESULTS.successful)
-    problem = build_problem(static, linear_solver, t0, y0c, yp0c, args, algebraic, rtol, atol,
-                            quad_rtol, quad_atol, tstop)
-    ybar0, ypbar0, argsbar, t0bar, tsbar, _ = backward(
-        adjoint, static, problem, checkpoints, t_final, y0c, yp0c, diff, nondiff, sol,
-        (ybar, ypbar, qbar))
+    if isinstance(adjoint, DiscreteAdjoint):
+        ybar0, ypbar0, argsbar, t0bar, tsbar = discrete_backward(
+            adjoint, static, checkpoints, y0c, yp0c, diff, nondiff, sol, (ybar, ypbar, qbar))
+    else:
+        problem = build_problem(static, linear_solver, t0, y0c, yp0c, args, algebraic, rtol,
+                                atol, quad_rtol, quad_atol, tstop)
+        ybar0, ypbar0, argsbar, t0bar, tsbar, _ = backward(
+            adjoint, static, problem, checkpoints, t_final, y0c, yp0c, diff, nondiff, sol,
+            (ybar, ypbar, qbar))
     grads = (t0bar, jnp.zeros_like(t1), ybar0, ypbar0, argsbar, tsbar)
     return jax.tree_util.tree_map(lambda g, p: g if p else None, grads, perturbed,
                                   is_leaf=lambda x: x is None)
@@ -284,7 +294,9 @@ def solve(
       defaulting to `rtol`, `atol`).
     - `rtol`, `atol`: error weights W_i = 1/(rtol |y_i| + atol_i); atol scalar or (n,).
     - `max_steps`: give up (status `max_steps_reached`) after this many steps.
-    - `sensitivity`: how derivatives through `solve` are computed (see `Adjoint`).
+    - `sensitivity`: how reverse-mode derivatives through `solve` are computed:
+      `Adjoint()` (default; the continuous adjoint DAE) or `DiscreteAdjoint()` (the
+      discrete adjoint of the recorded steps; for losses with many observation times).
     - `throw`: raise on failure (via `equinox.error_if`, works under jit). With False,
       inspect `sol.result`; the solution up to the failure is returned.
     - `tstop`: never step past this time (≥ t1). Default: the integrator may step past t1
@@ -310,8 +322,9 @@ def solve(
                      quad_error_control=bool(quad_error_control))
     if sensitivity is None:
         sensitivity = Adjoint()
-    if not isinstance(sensitivity, Adjoint):
-        raise TypeError(f"`sensitivity` must be a daeadjoint.Adjoint, got {sensitivity!r}.")
+    if not isinstance(sensitivity, (Adjoint, DiscreteAdjoint)):
+        raise TypeError("`sensitivity` must be daeadjoint.Adjoint() or "
+                        f"daeadjoint.DiscreteAdjoint(), got {sensitivity!r}.")
     sol = _solve_differentiable((t0, t1, y0, yp0, args, saveat), static, sensitivity,
                                 linear_solver, (algebraic, rtol, atol, quad_rtol, quad_atol, tstop))
     if throw:
