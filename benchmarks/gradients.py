@@ -343,11 +343,13 @@ def part2(repeats: int, rob: dict) -> list[tuple[str, dict, dict, float]]:
              diffrax.RecursiveCheckpointAdjoint()),
             ("backsolve", "diffrax Kvaerno5, BacksolveAdjoint", diffrax.BacksolveAdjoint())):
         G = diffrax_G(adjoint)
-        fns[f"{key} fwd"], fns[f"{key} grad"] = jax.jit(G), grad_of(G)
+        if key == "recursive":  # the forward pass does not depend on `adjoint`: time it once
+            fns[f"{key} fwd"] = jax.jit(G)
+        fns[f"{key} grad"] = grad_of(G)
         labels[key] = label
     with OtherLoad() as load:
         r = time_jitted(fns, ROB_P, repeats)
-    return [(labels[k], r[f"{k} fwd"], r[f"{k} grad"], load.cores) for k in labels]
+    return [(labels[k], r.get(f"{k} fwd", {}), r[f"{k} grad"], load.cores) for k in labels]
 
 
 def print_part2(rows) -> None:
@@ -360,7 +362,7 @@ def print_part2(rows) -> None:
     ref = rows[0][2].get("wall_s")
     for label, f, g, _ in rows:
         if "error" in g:
-            print(f"| {label} | {f.get('aux', 'n/a')} | {_fmt(f.get('wall_s'), '.4f')} | n/a "
+            print(f"| {label} | {f.get('aux', 'as above')} | {_fmt(f.get('wall_s'), '.4f')} | n/a "
                   f"| n/a | n/a | n/a | n/a | n/a | n/a | n/a | fails: {g['error']} |")
             continue
         v = g["value"]
@@ -397,7 +399,7 @@ def part3(repeats: int, n_obs: tuple[int, ...]) -> list[dict]:
             r = time_jitted(fns, BARNES_P, repeats)
         row = dict(n_o=n_o, fwd=r[f"barnes{n_o} fwd"], grad=r[f"barnes{n_o} grad"],
                    load=load.cores)
-        if "error" not in row["grad"] and n_o in (n_obs[0], n_obs[-1]):
+        if "error" not in row["grad"] and n_o == n_obs[0]:
             row["fd"] = barnes_fd(ts, data, row["grad"]["value"])
         rows.append(row)
     return rows
@@ -498,7 +500,7 @@ def main() -> None:
     if opts.quick:
         repeats, grids, n_obs, everys = 3, (10,), (10, 2400), (25, 100)
     else:
-        repeats, grids, n_obs, everys = 7, (10, 20), (10, 100, 400, 2400), (25, 50, 100, 400)
+        repeats, grids, n_obs, everys = 5, (10, 20), (10, 100, 400, 2400), (25, 100, 400)
     AdjointSteps.install()
     t_start = time.perf_counter()
     print(f"# daeadjoint gradient benchmarks ({'quick' if opts.quick else 'full'})\n")

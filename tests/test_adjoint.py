@@ -1,8 +1,6 @@
 """Gradients through `solve` by the continuous adjoint (`dae.Adjoint`), against published
 values (REFERENCE_VALUES.md R1–R4), exact derivatives and central finite differences."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,18 +16,22 @@ def x1(t, x, xp, args):
     return x[:1]
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def r4_grads(c, v0, rtol, at_step_end):
-    """All four exact derivatives of ψ1 = x1(π/2) and ψ2 = ∫ x1 (seed 004 §3) by the
-    adjoint; t1 inside a step (interpolated) or at a step end (tstop = t1)."""
-
+@jax.jit
+def _r4_grads(c, v0, rtol, tstop):
     def psi(c, v0):
         sol = dae.solve(oscillator, 0.0, jnp.pi / 2, jnp.stack([0.0, v0]), jnp.stack([v0, 0.0]),
                         jnp.stack([c]), quadrature=x1, quad_error_control=True, rtol=rtol,
-                        atol=rtol, tstop=jnp.pi / 2 if at_step_end else None)
+                        atol=rtol, tstop=tstop)
         return sol.ys[-1, 0], sol.qs[-1, 0]
 
     return jax.jacrev(psi, argnums=(0, 1))(c, v0)
+
+
+def r4_grads(c, v0, rtol, at_step_end):
+    """All four exact derivatives of ψ1 = x1(π/2) and ψ2 = ∫ x1 (seed 004 §3) by the
+    adjoint; t1 inside a step (interpolated) or at a step end (tstop = t1). Tolerances
+    and tstop are traced, so every case shares one compilation."""
+    return _r4_grads(c, v0, rtol, np.pi / 2 if at_step_end else np.inf)
 
 
 @pytest.mark.parametrize("rtol", [1e-5, 1e-8])
@@ -79,7 +81,7 @@ IDAS_ASA = np.array([1.4879e06, -5.9470e00, 9.9117e-04])
 IDAS_FSA = np.array([1.4895e06, -5.9536e00, 9.9196e-04])
 
 
-@functools.partial(jax.jit, static_argnums=1)
+@jax.jit
 def robertson_G_grad(p, rtol):
     """idasRoberts_ASAi_dns: forward atol (1e-8, 1e-14, 1e-6), adjoint atol 1e-8 at
     rtol = 1e-6, all scaled with rtol for the convergence study."""
@@ -126,13 +128,13 @@ def test_robertson_adjoint_converges():
 
 
 # --------------------------------------------------- R2/R3: state-dependent mass matrix
-@functools.partial(jax.jit, static_argnums=1)
+@jax.jit
 def r2_grad(y0, rtol):
     return jax.grad(lambda y0: dae.solve(mass_index0, 0.0, 1.57, y0, jnp.array([1.0, 0.0]),
                                          rtol=rtol, atol=rtol * 1e-2).ys[-1].sum())(y0)
 
 
-@functools.partial(jax.jit, static_argnums=1)
+@jax.jit
 def r3_grad(y0, rtol):
     return jax.grad(lambda y0: dae.solve(mass_index1, 0.0, 1.0, y0, jnp.array([-1.0, 0.0]),
                                          algebraic=jnp.array([False, True]), rtol=rtol,
@@ -172,7 +174,7 @@ KIN_TS = jnp.array([0.5, 1.0, 2.0, 3.0])
 KIN_W = jnp.array([[1.0, -0.5, 2.0], [0.3, 0.0, -1.0], [0.0, 1.5, 0.7], [-0.4, 0.2, 1.0]])
 
 
-@functools.partial(jax.jit, static_argnums=1)
+@jax.jit
 def kinetics_loss(theta, rtol):
     """Observations on every component (incl. the algebraic y3) at 4 times, y' of a
     differential component, and an integral of y3²; θ = (p1..p4, y1(0), y2(0))."""
@@ -186,12 +188,15 @@ def kinetics_loss(theta, rtol):
             + 0.7 * sol.yps[1, 0] + sol.qs[-1, 0])
 
 
+kinetics_grad = jax.jit(jax.grad(kinetics_loss))
+
+
 def test_index1_gradient_matches_finite_differences():
     """Adjoint gradient at rtol 1e-10 vs central differences with step 1e-4 at rtol 1e-12:
     truncation ~1e-8, solver noise ~1e-12/1e-4 = 1e-8; allow 1e-6 relative to the
     gradient's size (the adjoint's own error at rtol 1e-10 is ~100·rtol)."""
     theta = jnp.array([0.8, 2.0, 0.3, 0.5, 1.0, 0.2])
-    grad = np.asarray(jax.grad(kinetics_loss)(theta, 1e-10))
+    grad = np.asarray(kinetics_grad(theta, 1e-10))
     f = lambda th: float(kinetics_loss(th, 1e-12))  # noqa: E731
     eps = 1e-4
     fd = np.array([(f(theta.at[i].add(eps)) - f(theta.at[i].add(-eps))) / (2 * eps)
@@ -203,14 +208,14 @@ def test_batched_gradients_under_vmap():
     """jax.vmap of jax.grad equals per-member gradients, to 20 tolerance units (members
     take their own steps; see the forward vmap test for why not bitwise)."""
     thetas = jnp.array([[0.8, 2.0, 0.3, 0.5, 1.0, 0.2], [1.2, 1.0, 0.5, 0.2, 0.5, 0.4]])
-    batched = jax.vmap(jax.grad(kinetics_loss), in_axes=(0, None))(thetas, 1e-8)
+    batched = jax.jit(jax.vmap(jax.grad(kinetics_loss), in_axes=(0, None)))(thetas, 1e-8)
     for i in range(2):
-        single = jax.grad(kinetics_loss)(thetas[i], 1e-8)
+        single = kinetics_grad(thetas[i], 1e-8)
         np.testing.assert_allclose(batched[i], single, rtol=2e-7, atol=2e-7)
 
 
 # ------------------------------------------------- DiscreteAdjoint (frozen step sequence)
-@functools.partial(jax.jit, static_argnums=1)
+@jax.jit
 def r4_discrete(c, rtol):
     def psi(c, v0):
         sol = dae.solve(oscillator, 0.0, jnp.pi / 2, jnp.stack([0.0, v0]), jnp.stack([v0, 0.0]),
@@ -254,5 +259,24 @@ def test_discrete_adjoint_index1_and_finite_differences():
 
     theta = jnp.array([0.8, 2.0, 0.3, 0.5, 1.0, 0.2])
     gd = np.asarray(jax.jit(jax.grad(loss), static_argnums=1)(theta, dae.DiscreteAdjoint()))
-    gc = np.asarray(jax.grad(kinetics_loss)(theta, 1e-10))
+    gc = np.asarray(kinetics_grad(theta, 1e-10))
     np.testing.assert_allclose(gd, gc, rtol=0, atol=1e-6 * np.max(np.abs(gc)))
+
+
+def test_time_gradients():
+    """x1(t1) = v0 sin(t1 − t0) for x(t0) = (0, v0), c = 1: d/dt1 = v0 cos(t1 − t0) (the
+    cotangent times y'(t1), here through the default saveat = [t1]) and d/dt0 =
+    −v0 cos(t1 − t0) (moving the start with y(t0) fixed). ∫_{t0}^{t1} x1 = v0(1 − cos(t1 −
+    t0)) gives ∓v0 sin(t1 − t0). Within 100·rtol as the other exact checks."""
+    rtol = 1e-8
+
+    def out(t0, t1):
+        sol = dae.solve(oscillator, t0, t1, jnp.array([0.0, 0.5]), jnp.array([0.5, 0.0]),
+                        jnp.array([1.0]), quadrature=x1, quad_error_control=True, rtol=rtol,
+                        atol=rtol)
+        return sol.ys[-1, 0], sol.qs[-1, 0]
+
+    (dx_dt0, dx_dt1), (dq_dt0, dq_dt1) = jax.jit(jax.jacrev(out, argnums=(0, 1)))(0.2, 1.3)
+    c, s = 0.5 * np.cos(1.1), 0.5 * np.sin(1.1)
+    for got, want in [(dx_dt1, c), (dx_dt0, -c), (dq_dt1, s), (dq_dt0, -s)]:
+        assert abs(float(got) - want) <= 100 * rtol, (float(got), want)
