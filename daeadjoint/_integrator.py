@@ -271,8 +271,11 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         nef=jnp.where(conv_fail, s.nef, nef),
         ncf=ncf, stats=st, result=result,
     )
-    new = tree_where(passed, accepted_state, rejected_state)
-    return new, passed
+    # Both outcomes share the Newton's factorization: select everything else, not the
+    # (n×n) factors.
+    strip = strip_linear_state
+    new = tree_where(passed, strip(accepted_state), strip(rejected_state))
+    return dataclasses.replace(new, lin_state=nw.lin_state), passed
 
 
 class Outputs(eqx.Module):
