@@ -4,10 +4,15 @@ Prints the IDAS-style statistics and the solution at the IDAS example's output t
 and writes robertson_forward.png.
 """
 
+import os
 import time
 
-import jax
-import jax.numpy as jnp
+# Small dense matrices: one XLA CPU thread per op is faster (docs/solving.md).
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
+                                   "intra_op_parallelism_threads=1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
