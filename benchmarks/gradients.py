@@ -9,8 +9,10 @@
 3. R6 Barnes predator-prey least squares: gradient cost vs number of observations.
 4. Compiled memory of the jitted gradient vs number of steps and checkpoint_every.
 
-Timings: ``peers.measure`` (one warm-up call, then the median of the warm repeats, each
-``block_until_ready``). Every daeadjoint call is guarded: a failure prints its error.
+Timings: one warm-up call, then the median of the warm repeats, each
+``block_until_ready`` (``peers._timed``); the functions compared in one table are timed
+in interleaved rounds. Single-threaded XLA CPU kernels, as in ``run.py``. Every solver
+call is guarded: a failure prints its error in the table.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the working-tree daeadjoint
+# One XLA CPU thread per op, as in run.py: on a busy 2-core machine Eigen's thread pool
+# made small LUs ~100x slower (docs/solving.md).
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
+                                   "intra_op_parallelism_threads=1")
 
 import diffrax
 import jax
@@ -492,6 +498,20 @@ def print_part4(res: dict) -> None:
 
 
 # --------------------------------------------------------------------------- main
+def _revision() -> str:
+    """The checkout's commit (read-only git call), '+changes' if the package differs."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                             capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "daeadjoint"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown commit"
+    return rev + (" +uncommitted changes" if dirty else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -508,7 +528,8 @@ def main() -> None:
           f"jax {jax.__version__} ({jax.default_backend()}, x64), diffrax {diffrax.__version__}; "
           f"median of {repeats} warm runs after one warm-up, the functions compared in a "
           f"table timed in interleaved rounds; 1-min load average before start "
-          f"{os.getloadavg()[0]:.2f}. 'other cores busy': average number of cores other "
+          f"{os.getloadavg()[0]:.2f}; XLA_FLAGS='{os.environ.get('XLA_FLAGS', '')}'; "
+          f"daeadjoint at {_revision()}. 'other cores busy': average number of cores other "
           f"processes kept busy meanwhile (timings are only comparable where it is ~0).\n",
           flush=True)
     rows1, rob = part1(repeats, grids)

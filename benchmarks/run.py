@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the working-tree daeadjoint
-# One XLA CPU thread per op (for every JAX solver here, peers included): on a busy 2-core
-# machine Eigen's thread pool made small LUs ~100x slower (docs/solving.md).
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
-                                   "intra_op_parallelism_threads=1")
+# Single-threaded LAPACK for every solver here (jaxlib's CPU LU calls scipy's OpenBLAS):
+# on a busy 2-core machine its spinning threads made small LUs ~100x slower
+# (docs/solving.md).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import casadi
 import diffrax

@@ -16,9 +16,8 @@ import argparse
 import os
 import time
 
-# Small dense matrices: one XLA CPU thread per op is faster (docs/solving.md).
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
-                                   "intra_op_parallelism_threads=1")
+# Small dense matrices: single-threaded LAPACK is faster (docs/solving.md).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -1,9 +1,9 @@
 import os
 
-# One XLA CPU thread per op: the solver's matrices are small, and on a loaded 2-core
-# machine (CI) Eigen's thread pool made a 144x144 LU 100x slower (79 ms vs 0.7 ms).
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
-                                   "intra_op_parallelism_threads=1")
+# Single-threaded LAPACK (jaxlib's CPU LU calls scipy's OpenBLAS): the solver's
+# matrices are small, and on a loaded 2-core machine (CI) OpenBLAS's spinning threads
+# made a 144x144 LU 100x slower (80 ms vs 0.7 ms). Must be set before scipy loads.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
