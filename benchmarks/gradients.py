@@ -11,7 +11,7 @@
 
 Timings: one warm-up call, then the median of the warm repeats, each
 ``block_until_ready`` (``peers._timed``); the functions compared in one table are timed
-in interleaved rounds. Single-threaded XLA CPU kernels, as in ``run.py``. Every solver
+in interleaved rounds. Single-threaded OpenBLAS, as in ``run.py``. Every solver
 call is guarded: a failure prints its error in the table.
 """
 
@@ -26,25 +26,24 @@ import time
 from pathlib import Path
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the working-tree daeadjoint
-# One XLA CPU thread per op, as in run.py: on a busy 2-core machine Eigen's thread pool
-# made small LUs ~100x slower (docs/solving.md).
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
-                                   "intra_op_parallelism_threads=1")
+# Single-threaded LAPACK, as in run.py (jaxlib's CPU LU calls scipy's OpenBLAS): on a
+# busy 2-core machine its spinning threads made small LUs ~100x slower (docs/solving.md).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 import peers
 import problems
 
 jax.config.update("jax_enable_x64", True)
 
-import daeadjoint as dae  # noqa: E402
-import daeadjoint._solve as _dae_solve  # noqa: E402  (only to count adjoint steps)
+import daeadjoint as dae
+import daeadjoint._solve as _dae_solve  # private: only to count adjoint steps
 
 MAX_STEPS = 100_000
+DISCRETE_MAX_STEPS = 2_000  # DiscreteAdjoint's replay scans max_steps slots: size it
 
 
 # --------------------------------------------------------------------------- helpers
@@ -60,6 +59,14 @@ def _error_line(e: Exception) -> str:
 
 def _fmt(x, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
+
+
+def _ratio(a: dict, b: dict, spec: str = ".1f") -> str:
+    """'median ratio (ratio of the minima)' of two timings, or n/a."""
+    if not a or not b or "wall_s" not in a or "wall_s" not in b:
+        return "n/a"
+    return (f"{format(a['wall_s'] / b['wall_s'], spec)} "
+            f"({format(a['min_s'] / b['min_s'], spec)})")
 
 
 def _flat(tree) -> np.ndarray:
@@ -97,13 +104,13 @@ def time_jitted(fns: dict, arg, repeats: int) -> dict:
     ``peers.measure``), then ``repeats`` rounds that call every fn once in turn, so that
     load from other processes hits all of them alike and their ratio stays meaningful.
     Returns {name: dict(compile_s, wall_s (median), min_s, value (flattened first
-    output), aux (second output, e.g. the forward step count), adj_steps)} ({name: {error}} if a
-    call raises)."""
+    output), aux (second output, e.g. the forward step count), adj_steps)}, or
+    {name: {error}} if a call raises."""
     out, first = {}, {}
     for name, fn in fns.items():
         AdjointSteps.label = name
         try:
-            first[name], res = peers._timed(lambda: jax.block_until_ready(fn(arg)))
+            first[name], res = peers._timed(lambda fn=fn: jax.block_until_ready(fn(arg)))
             out[name] = dict(value=_flat(res[0]), aux=int(res[1]), walls=[])
         except Exception as e:  # noqa: BLE001 - a failing solver must not stop the report
             print(f"<!-- {name} failed: {_error_line(e)} -->", flush=True)
@@ -112,7 +119,7 @@ def time_jitted(fns: dict, arg, repeats: int) -> dict:
         for name, fn in fns.items():
             if "error" not in out[name]:
                 out[name]["walls"].append(
-                    peers._timed(lambda: jax.block_until_ready(fn(arg)))[0])
+                    peers._timed(lambda fn=fn: jax.block_until_ready(fn(arg)))[0])
     for name, r in out.items():
         r["adj_steps"] = AdjointSteps.counts.get(name)
         if "error" not in r:
@@ -133,7 +140,7 @@ class AdjointSteps:
     empty and the tables say n/a."""
 
     label: str | None = None
-    counts: dict = {}
+    counts: dict = {}  # noqa: RUF012 - one registry shared by all gradients
 
     @classmethod
     def install(cls) -> None:
@@ -164,12 +171,14 @@ ROB_T1 = 4e10
 IDAS_DGDP = np.array([1.4879e06, -5.9470e00, 9.9117e-04])  # REFERENCE_VALUES R1 (ASA)
 
 
-def robertson_G(p, t1=ROB_T1, checkpoint_every=50, max_steps=MAX_STEPS):
-    """(G = ∫_0^t1 y3 dt, forward steps)."""
+def robertson_G(p, t1=ROB_T1, checkpoint_every=50, max_steps=MAX_STEPS, sensitivity=None):
+    """(G = ∫_0^t1 y3 dt, forward steps); default sensitivity Adjoint(atol=1e-8)."""
+    if sensitivity is None:
+        sensitivity = dae.Adjoint(atol=1e-8, checkpoint_every=checkpoint_every)
     sol = dae.solve(ROB_RES, 0.0, t1, ROB_Y0, ROB_YP0, p, saveat=jnp.reshape(t1, (1,)),
                     algebraic=ROB_ALG, rtol=1e-6, atol=ROB_ATOL,
                     quadrature=lambda t, y, yp, p: y[2:3], max_steps=max_steps,
-                    sensitivity=dae.Adjoint(atol=1e-8, checkpoint_every=checkpoint_every))
+                    sensitivity=sensitivity)
     return sol.qs[-1, 0], sol.stats["num_steps"]
 
 
@@ -234,10 +243,10 @@ def barnes_residual(t, y, yp, p):
     return yp - barnes_f(y, p)
 
 
-def barnes_solve(p, ts, rtol=1e-6, atol=1e-8):
+def barnes_solve(p, ts, rtol=1e-6, atol=1e-8, sensitivity=None, max_steps=MAX_STEPS):
     return dae.solve(barnes_residual, 0.0, BARNES_T1, BARNES_Y0, barnes_f(BARNES_Y0, p), p,
                      saveat=ts, algebraic=np.array([False, False]), rtol=rtol, atol=atol,
-                     max_steps=MAX_STEPS, sensitivity=dae.Adjoint())
+                     max_steps=max_steps, sensitivity=sensitivity or dae.Adjoint())
 
 
 # --------------------------------------------------------------------------- 1. ratios
@@ -271,7 +280,7 @@ def part1(repeats: int, grids: tuple[int, ...]) -> tuple[list[dict], dict]:
         row = dict(problem=prob, n=h["N"] ** 2, wrt=f"(p1, p2, u0): {M * M + 2}", fwd=fwd,
                    grad=ga, load=load.cores)
         if "error" not in ga and "error" not in fwd and "error" not in gp:
-            row["vs_p"] = ga["wall_s"] / gp["wall_s"]
+            row["vs_p"] = _ratio(ga, gp, ".2f")
             row["checks"] = heat_checks(h, fwd, gp, ga)
         rows.append(row)
     return rows, rob
@@ -302,7 +311,6 @@ def print_part1(rows: list[dict]) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         f, g = r["fwd"], r["grad"]
-        ratio = None if "error" in f or "error" in g else g["wall_s"] / f["wall_s"]
         note = g.get("error") or f.get("error") or r.get("checks", "")
         if r["problem"].startswith("Robertson") and "value" in g:
             note = ("dG/dp = (" + ", ".join(f"{v:.4e}" for v in g["value"]) + "), rel. diff vs "
@@ -311,8 +319,8 @@ def print_part1(rows: list[dict]) -> None:
         print(f"| {r['problem']} | {r['n']} | {r['wrt']} | {f.get('aux', 'n/a')} "
               f"| {_fmt(g.get('adj_steps'), 'd')} | {_fmt(f.get('compile_s'), '.1f')} "
               f"| {_fmt(g.get('compile_s'), '.1f')} | {_fmt(f.get('wall_s'), '.4f')} "
-              f"| {_fmt(g.get('wall_s'), '.4f')} | {_fmt(ratio, '.1f')} "
-              f"| {_fmt(r.get('vs_p'), '.2f')} | {r['load']:.2f} | {note} |")
+              f"| {_fmt(g.get('wall_s'), '.4f')} | {_ratio(g, f)} "
+              f"| {r.get('vs_p', 'n/a')} | {r['load']:.2f} | {note} |")
     print()
 
 
@@ -339,11 +347,14 @@ def diffrax_G(adjoint):
     return G
 
 
-def part2(repeats: int, rob: dict) -> list[tuple[str, dict, dict, float]]:
+def part2(repeats: int, rob: dict, compile_s=None) -> list[tuple[str, dict, dict, float]]:
     """Every gradient timed in the same interleaved rounds (daeadjoint's jitted gradient
     from part 1 is reused, already compiled)."""
     fns = {"daeadjoint fwd": rob["robertson fwd"], "daeadjoint grad": rob["robertson grad"]}
-    labels = {"daeadjoint": "daeadjoint Adjoint (BDF, checkpoint_every=50)"}
+    labels = {"daeadjoint": "daeadjoint Adjoint (BDF, checkpoint_every=50)",
+              "discrete": f"daeadjoint DiscreteAdjoint (max_steps={DISCRETE_MAX_STEPS})"}
+    fns["discrete grad"] = grad_of(lambda p: robertson_G(
+        p, max_steps=DISCRETE_MAX_STEPS, sensitivity=dae.DiscreteAdjoint()))
     for key, label, adjoint in (
             ("recursive", "diffrax Kvaerno5, RecursiveCheckpointAdjoint (default)",
              diffrax.RecursiveCheckpointAdjoint()),
@@ -355,17 +366,24 @@ def part2(repeats: int, rob: dict) -> list[tuple[str, dict, dict, float]]:
         labels[key] = label
     with OtherLoad() as load:
         r = time_jitted(fns, ROB_P, repeats)
-    return [(labels[k], r.get(f"{k} fwd", {}), r[f"{k} grad"], load.cores) for k in labels]
+    if compile_s is not None and "error" not in r["daeadjoint grad"]:
+        r["daeadjoint grad"]["compile_s"] = compile_s  # compiled in part 1
+    fwd = {k: r.get(f"{k} fwd", {}) for k in labels}
+    fwd["discrete"] = r["daeadjoint fwd"]  # the same forward solve
+    return [(labels[k], fwd[k], r[f"{k} grad"], load.cores) for k in labels]
 
 
 def print_part2(rows) -> None:
     print("## 2. Robertson dG/dp, G = ∫_0^{4e10} y3 dt: daeadjoint vs diffrax (ODE form)\n")
+    print("diffrax: Kvaerno5 + PIDController(rtol=1e-6, atol=(1e-8, 1e-14, 1e-6)) on "
+          "(y1, y2, z), y3 = 1 - y1 - y2 eliminated, z' = y3, G = z(t1); max_steps = 100000. "
+          "The DiscreteAdjoint row shares the Adjoint row's forward.\n")
     print(f"IDAS ASA reference dG/dp = (1.4879e+06, -5.9470e+00, 9.9117e-04). Other cores busy "
           f"during these runs: {rows[0][3]:.2f}.\n")
     print("| solver | fwd steps | fwd wall s | grad compile s | grad wall s | grad / fwd "
           "| grad: daeadjoint / this | dG/dp1 | dG/dp2 | dG/dp3 | max rel diff vs IDAS | note |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    ref = rows[0][2].get("wall_s")
+    ref = rows[0][2]
     for label, f, g, _ in rows:
         if "error" in g:
             print(f"| {label} | {f.get('aux', 'as above')} | {_fmt(f.get('wall_s'), '.4f')} | n/a "
@@ -376,8 +394,7 @@ def print_part2(rows) -> None:
         bad = not np.all(np.isfinite(v)) or diff > 1e-2
         print(f"| {label} | {f.get('aux', 'n/a')} | {_fmt(f.get('wall_s'), '.4f')} "
               f"| {g['compile_s']:.1f} | {g['wall_s']:.4f} "
-              f"| {_fmt(f.get('wall_s') and g['wall_s'] / f['wall_s'], '.1f')} "
-              f"| {_fmt(ref and ref / g['wall_s'], '.3f')} "
+              f"| {_ratio(g, f)} | {_ratio(ref, g, '.3f')} "
               f"| {v[0]:.5e} | {v[1]:.5e} | {v[2]:.5e} | {diff:.1e} "
               f"| {'gradient wrong' if bad else ''} |")
     print()
@@ -389,72 +406,110 @@ BARNES_P = jnp.array([1.1, 0.9, 1.05])
 
 
 def part3(repeats: int, n_obs: tuple[int, ...]) -> list[dict]:
-    rng = np.random.default_rng(0)
+    """Per n_o: forward, continuous `Adjoint` and `DiscreteAdjoint` gradients of the same
+    S(p), timed in interleaved rounds; central-FD check at the smallest and largest n_o;
+    at the largest n_o also DiscreteAdjoint with max_steps = 100_000 (its cost grows with
+    max_steps)."""
     rows = []
     for n_o in n_obs:
+        rng = np.random.default_rng(n_o)  # the data of one n_o never depend on the others
         ts = jnp.linspace(BARNES_T1 / n_o, BARNES_T1, n_o)
         clean = jax.jit(lambda q, ts=ts: barnes_solve(q, ts).ys)(BARNES_P_TRUE)
         data = clean + 0.01 * jnp.asarray(rng.standard_normal(clean.shape))  # fixed noise
 
-        def S(q, ts=ts, data=data):
-            sol = barnes_solve(q, ts)
+        def S(q, ts=ts, data=data, sensitivity=None, max_steps=MAX_STEPS):
+            sol = barnes_solve(q, ts, sensitivity=sensitivity, max_steps=max_steps)
             return 0.5 * jnp.sum((data - sol.ys) ** 2), sol.stats["num_steps"]
 
-        fns = {f"barnes{n_o} fwd": jax.jit(S), f"barnes{n_o} grad": grad_of(S)}
+        def S_discrete(q, max_steps=DISCRETE_MAX_STEPS):
+            return S(q, sensitivity=dae.DiscreteAdjoint(), max_steps=max_steps)
+
+        fns = {f"barnes{n_o} fwd": jax.jit(S), f"barnes{n_o} grad": grad_of(S),
+               f"barnes{n_o} discrete": grad_of(S_discrete)}
+        if n_o == n_obs[-1]:
+            fns[f"barnes{n_o} discrete100k"] = grad_of(
+                lambda q: S_discrete(q, max_steps=MAX_STEPS))
         with OtherLoad() as load:
             r = time_jitted(fns, BARNES_P, repeats)
         row = dict(n_o=n_o, fwd=r[f"barnes{n_o} fwd"], grad=r[f"barnes{n_o} grad"],
-                   load=load.cores)
-        if "error" not in row["grad"] and n_o == n_obs[0]:
-            row["fd"] = barnes_fd(ts, data, row["grad"]["value"])
+                   discrete=r[f"barnes{n_o} discrete"],
+                   discrete100k=r.get(f"barnes{n_o} discrete100k"), load=load.cores)
+        if n_o in (n_obs[0], n_obs[-1]):
+            row["fd"] = barnes_fd(ts, data)
         rows.append(row)
     return rows
 
 
-def barnes_fd(ts, data, grad) -> float:
-    """max |grad − FD| / max |FD|, FD = central differences (h = 1e-5) of an rtol-1e-10
-    forward solve."""
+def barnes_fd(ts, data) -> np.ndarray:
+    """Central differences (h = 1e-5) of an rtol-1e-10 forward solve."""
     S = jax.jit(lambda q: 0.5 * jnp.sum((data - barnes_solve(q, ts, 1e-10, 1e-12).ys) ** 2))
-    fd = np.array([(S(BARNES_P + e) - S(BARNES_P - e)) / 2e-5 for e in 1e-5 * jnp.eye(3)])
-    return float(np.max(np.abs(grad - fd)) / np.max(np.abs(fd)))
+    return np.array([(S(BARNES_P + e) - S(BARNES_P - e)) / 2e-5 for e in 1e-5 * jnp.eye(3)])
+
+
+def _fd_note(g: dict, fd) -> str:
+    if fd is None or "value" not in g:
+        return ""
+    return f"max rel diff vs FD {np.max(np.abs(g['value'] / fd - 1)):.0e}"
 
 
 def print_part3(rows: list[dict]) -> None:
     print("## 3. R6 Barnes least squares: cost vs number of observations n_o\n")
+    print("FD: central differences (h = 1e-5) of an rtol-1e-10 forward solve, compared per "
+          "component. Other cores busy: " + ", ".join(f"{r['load']:.2f}" for r in rows) + ".\n")
+    print("Continuous adjoint (`dae.Adjoint()`, the default):\n")
     print("| n_o | fwd steps | adjoint steps | fwd wall s | grad wall s | grad / fwd "
-          "| grad / grad(n_o=10) | fwd / fwd(n_o=10) | grad compile s | dS/dp "
-          "| other cores busy | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| grad / grad(n_o=10) | fwd / fwd(n_o=10) | grad compile s | dS/dp | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     base = rows[0]
     for r in rows:
         f, g = r["fwd"], r["grad"]
         ok = "error" not in f and "error" not in g
-        note = g.get("error") or f.get("error") or ""
-        if "fd" in r:
-            note = f"vs central FD of an rtol-1e-10 forward: max rel diff {r['fd']:.0e}"
-        gb, fb = base["grad"].get("wall_s"), base["fwd"].get("wall_s")
+        note = g.get("error") or f.get("error") or _fd_note(g, r.get("fd"))
         print(f"| {r['n_o']} | {f.get('aux', 'n/a')} | {_fmt(g.get('adj_steps'), 'd')} "
               f"| {_fmt(f.get('wall_s'), '.4f')} | {_fmt(g.get('wall_s'), '.4f')} "
-              f"| {_fmt(ok and g['wall_s'] / f['wall_s'] or None, '.1f')} "
-              f"| {_fmt(ok and gb and g['wall_s'] / gb or None, '.2f')} "
-              f"| {_fmt(ok and fb and f['wall_s'] / fb or None, '.2f')} "
+              f"| {_ratio(g, f)} | {_ratio(g, base['grad'], '.2f')} "
+              f"| {_ratio(f, base['fwd'], '.2f')} "
               f"| {_fmt(g.get('compile_s'), '.1f')} "
               f"| {'(' + ', '.join(f'{v:.5g}' for v in g['value']) + ')' if ok else 'n/a'} "
-              f"| {r['load']:.2f} | {note} |")
+              f"| {note} |")
+    print()
+    print(f"`dae.DiscreteAdjoint()` (max_steps = {DISCRETE_MAX_STEPS}; last row 100000), same "
+          "S(p), timed in the same rounds:\n")
+    print("| n_o | max_steps | grad wall s | grad / fwd | grad / grad(n_o=10) "
+          "| continuous / discrete grad time | grad compile s "
+          "| max rel diff vs continuous gradient | note |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        for key, ms in (("discrete", DISCRETE_MAX_STEPS), ("discrete100k", MAX_STEPS)):
+            d = r.get(key)
+            if d is None:
+                continue
+            if "error" in d:
+                print(f"| {r['n_o']} | {ms} | n/a | n/a | n/a | n/a | n/a | n/a | {d['error']} |")
+                continue
+            g = r["grad"]
+            diff = (f"{np.max(np.abs(d['value'] / g['value'] - 1)):.0e}" if "value" in g
+                    else "n/a")
+            print(f"| {r['n_o']} | {ms} | {d['wall_s']:.4f} | {_ratio(d, r['fwd'])} "
+                  f"| {_ratio(d, base['discrete'], '.2f')} | {_ratio(g, d)} "
+                  f"| {d['compile_s']:.1f} | {diff} | {_fd_note(d, r.get('fd'))} |")
     print()
 
 
 # --------------------------------------------------------------------------- 4. memory
 def part4(t1s: tuple[float, ...], everys: tuple[int, ...], max_steps: int) -> dict:
-    """One compiled gradient per checkpoint_every with (p, t1) traced arguments, so the
+    """One compiled gradient per sensitivity setting with (p, t1) traced arguments, so the
     very same executable (same buffer plan) runs every t1; plus the forward-only loss."""
     steps_fn = jax.jit(lambda p, t1: robertson_G(p, t1, max_steps=max_steps)[1])
     steps = {t1: int(steps_fn(ROB_P, t1)) for t1 in t1s}
     fwd_mem = jax.jit(lambda p, t1: robertson_G(p, t1, max_steps=max_steps)[0]).lower(
         ROB_P, t1s[0]).compile().memory_analysis()
+    configs = [(f"Adjoint(checkpoint_every={e})", e, None) for e in everys]
+    configs.append(("DiscreteAdjoint()", None, dae.DiscreteAdjoint()))
     rows = []
-    for every in everys:
-        g = jax.grad(lambda p, t1, every=every: robertson_G(p, t1, every, max_steps)[0])
+    for label, every, sens in configs:
+        g = jax.grad(lambda p, t1, every=every or 50, sens=sens:
+                     robertson_G(p, t1, every, max_steps, sens)[0])
         try:
             t = time.perf_counter()
             compiled = jax.jit(g).lower(ROB_P, t1s[0]).compile()
@@ -463,13 +518,13 @@ def part4(t1s: tuple[float, ...], everys: tuple[int, ...], max_steps: int) -> di
             for t1 in t1s:
                 jax.block_until_ready(compiled(ROB_P, t1))
                 runs[t1] = statistics.median(
-                    peers._timed(lambda: jax.block_until_ready(compiled(ROB_P, t1)))[0]
+                    peers._timed(lambda c=compiled, t1=t1: jax.block_until_ready(c(ROB_P, t1)))[0]
                     for _ in range(3))
-            rows.append(dict(every=every, mem=compiled.memory_analysis(), compile_s=compile_s,
-                             runs=runs))
-        except Exception as e:  # noqa: BLE001
-            print(f"<!-- memory checkpoint_every={every} failed: {_error_line(e)} -->")
-            rows.append(dict(every=every, error=_error_line(e)))
+            rows.append(dict(label=label, every=every, mem=compiled.memory_analysis(),
+                             compile_s=compile_s, runs=runs))
+        except Exception as e:  # noqa: BLE001 - a failing solver must not stop the report
+            print(f"<!-- memory {label} failed: {_error_line(e)} -->")
+            rows.append(dict(label=label, every=every, error=_error_line(e)))
     return dict(steps=steps, fwd_mem=fwd_mem, rows=rows, max_steps=max_steps)
 
 
@@ -478,20 +533,22 @@ def print_part4(res: dict) -> None:
     ms, t1s = res["max_steps"], list(res["steps"])
     print(f"## 4. Compiled memory of the jitted Robertson gradient vs steps (max_steps = {ms})\n")
     print("`jax.jit(jax.grad(G)).lower(p, t1).compile().memory_analysis()` with (p, t1) traced, "
-          "so one executable (one buffer plan) runs every t1. Forward steps per t1: "
-          + ", ".join(f"t1={t1:.0e}: {n}" for t1, n in res["steps"].items())
-          + f". Forward-only loss (no checkpoints): temp {res['fwd_mem'].temp_size_in_bytes / KiB:.0f} KiB.\n")
-    print("| checkpoint_every | checkpoint slots (max_steps/every) | temp KiB | argument B "
+          "so one executable (one buffer plan) runs every t1; G as in part 1. Forward steps "
+          "per t1: " + ", ".join(f"t1={t1:.0e}: {n}" for t1, n in res["steps"].items())
+          + ". Forward-only loss (no checkpoints): temp "
+          f"{res['fwd_mem'].temp_size_in_bytes / KiB:.0f} KiB. grad s: median of 3.\n")
+    print("| sensitivity | checkpoint slots (max_steps/every) | temp KiB | argument B "
           "| output B | grad compile s | "
           + " | ".join(f"grad s, t1={t1:.0e}" for t1 in t1s) + " | note |")
     print("|---|---|---|---|---|---|" + "---|" * len(t1s) + "---|")
     for r in res["rows"]:
+        slots = ms // r["every"] if r["every"] else "n/a"
         if "error" in r:
-            print(f"| {r['every']} | {ms // r['every']} | n/a | n/a | n/a | n/a | "
+            print(f"| {r['label']} | {slots} | n/a | n/a | n/a | n/a | "
                   + " | ".join("n/a" for _ in t1s) + f" | {r['error']} |")
             continue
         m = r["mem"]
-        print(f"| {r['every']} | {ms // r['every']} | {m.temp_size_in_bytes / KiB:.0f} "
+        print(f"| {r['label']} | {slots} | {m.temp_size_in_bytes / KiB:.0f} "
               f"| {m.argument_size_in_bytes} | {m.output_size_in_bytes} | {r['compile_s']:.1f} | "
               + " | ".join(f"{r['runs'][t1]:.3f}" for t1 in t1s) + " | |")
     print()
@@ -527,15 +584,16 @@ def main() -> None:
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"jax {jax.__version__} ({jax.default_backend()}, x64), diffrax {diffrax.__version__}; "
           f"median of {repeats} warm runs after one warm-up, the functions compared in a "
-          f"table timed in interleaved rounds; 1-min load average before start "
-          f"{os.getloadavg()[0]:.2f}; XLA_FLAGS='{os.environ.get('XLA_FLAGS', '')}'; "
+          f"table timed in interleaved rounds; ratios: median (ratio of the fastest runs); "
+          f"1-min load average before start {os.getloadavg()[0]:.2f}; "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}; "
           f"daeadjoint at {_revision()}. 'other cores busy': average number of cores other "
           f"processes kept busy meanwhile (timings are only comparable where it is ~0).\n",
           flush=True)
     rows1, rob = part1(repeats, grids)
     print_part1(rows1)
     sys.stdout.flush()
-    print_part2(part2(repeats, rob))
+    print_part2(part2(repeats, rob, rows1[0]["grad"].get("compile_s")))
     sys.stdout.flush()
     print_part3(part3(repeats, n_obs))
     sys.stdout.flush()
