@@ -114,8 +114,8 @@ def _empty_outputs(n, nq, dtype):
                    index=jnp.zeros((), jnp.int32))
 
 
-def backward(adjoint: Adjoint, static, problem_fwd: Problem, checkpoints, t_final, y0, yp0,
-             diff, nondiff, sol, cot):
+def backward(adjoint: Adjoint, static, problem_fwd: Problem, checkpoints, y0, yp0, diff,
+             nondiff, sol, cot):
     """The backward pass. Returns (ȳ0, ȳp0, p̄ (args pytree), t̄0, t̄s)."""
     t0, t1, _, _, args, ts = diff
     algebraic, rtol, atol, _, _, tstop = nondiff

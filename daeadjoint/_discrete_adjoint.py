@@ -25,7 +25,7 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 
-from ._bdf import (complete_history, interpolate, interpolation_weights, predict,
+from ._bdf import (NPHI, complete_history, interpolate, interpolation_weights, predict,
                    scale_history, set_coefficients)
 from ._initialization import unknown_mask
 
@@ -116,7 +116,6 @@ def discrete_backward(adjoint: DiscreteAdjoint, static, log, y0c, yp0c, diff, no
         h_first = log.h[0]
         n = y0_.shape[0]
         qp0 = Q(t0, y0_, yp0_, p)
-        from ._bdf import NPHI
         phi = jnp.zeros((NPHI, n), dtype).at[0].set(y0_).at[1].set(h_first * yp0_)
         phiq = jnp.zeros((NPHI, qp0.shape[0]), dtype).at[1].set(h_first * qp0)
         control = (jnp.zeros((NPHI,), dtype).at[0].set(h_first), jnp.zeros((), jnp.int32),

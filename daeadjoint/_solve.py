@@ -241,7 +241,7 @@ def _solve_bwd(residuals, grad_sol, perturbed, diff, static, adjoint, linear_sol
         problem = build_problem(static, linear_solver, t0, y0c, yp0c, args, algebraic, rtol,
                                 atol, quad_rtol, quad_atol, tstop)
         ybar0, ypbar0, argsbar, t0bar, tsbar, _ = backward(
-            adjoint, static, problem, checkpoints, t_final, y0c, yp0c, diff, nondiff, sol,
+            adjoint, static, problem, checkpoints, y0c, yp0c, diff, nondiff, sol,
             (ybar, ypbar, qbar))
     grads = (t0bar, jnp.zeros_like(t1), ybar0, ypbar0, argsbar, tsbar)
     return jax.tree_util.tree_map(lambda g, p: g if p else None, grads, perturbed,
