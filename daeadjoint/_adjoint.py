@@ -190,21 +190,25 @@ def backward(adjoint: Adjoint, static, problem_fwd: Problem, checkpoints, y0, yp
             quad_error_control=adjoint.quad_error_control and npar > 0, tstop=s_stop,
             reset_newton_rate=True)
 
+    def jump(t, y, yp, mu, yb, ypb):
+        """μ(t⁻) = μ(t⁺) + ȳ − F_yᵀν with M ν = a∘ȳ + d∘ȳp, and −F_pᵀν; also returns
+        (F_y, F_y') and the factors of M for the caller's further solves."""
+        fy, fyp = jacobians(t, y, yp, pd)
+        m_lu = jax.scipy.linalg.lu_factor(jnp.where(a[:, None], fy.T, fyp.T))
+        nu = jax.scipy.linalg.lu_solve(m_lu, jnp.where(a, yb, ypb))
+        return mu + yb - fy.T @ nu, -f_p_transpose(t, y, yp, pd, nu), (fy, fyp), m_lu
+
     def restart(t, mu, yb, ypb, w, buf):
         """Jump of μ at t for cotangents (ȳ, ȳp) and consistent (Z, Z_s) for the new w."""
         y, yp = buf.evaluate(t)
-        fy, fyp = jacobians(t, y, yp, pd)
-        m = jnp.where(a[:, None], fy.T, fyp.T)
-        nu = jnp.linalg.solve(m, jnp.where(a, yb, ypb))
-        mu = mu + yb - fy.T @ nu
-        p_jump = -f_p_transpose(t, y, yp, pd, nu)
+        mu, p_jump, (fy, _), m_lu = jump(t, y, yp, mu, yb, ypb)
         gy, gyp, _ = source(t, y, yp, w, pd)
         mu = jnp.where(a, -gyp, mu)
-        lam = jnp.linalg.solve(m, jnp.where(a, gy, mu + gyp))
+        lam = jax.scipy.linalg.lu_solve(m_lu, jnp.where(a, gy, mu + gyp))
         mu_s = gy - fy.T @ lam
         # λ_s from the s-derivative of the two relations with the coefficients frozen;
         # only the starting predictor uses it, and the BDF corrects the rest.
-        lam_s = jnp.linalg.solve(m, jnp.where(a, 0.0, mu_s))
+        lam_s = jax.scipy.linalg.lu_solve(m_lu, jnp.where(a, 0.0, mu_s))
         return jnp.concatenate([mu, lam]), jnp.concatenate([mu_s, lam_s]), p_jump
 
     # --- buffers and initial carry --------------------------------------------------
@@ -315,11 +319,8 @@ def backward(adjoint: Adjoint, static, problem_fwd: Problem, checkpoints, y0, yp
     pbar = k["pbar"] + jnp.where(k["started"], adj.phiq[0], 0.0)
     obs, yb, ypb, qb = obs_sum(k["obs"], t0)
     y_t0, yp_t0 = buf.evaluate(t0)
-    fy, fyp = jacobians(t0, y_t0, yp_t0, pd)
-    m = jnp.where(a[:, None], fy.T, fyp.T)
-    nu = jnp.linalg.solve(m, jnp.where(a, yb, ypb))
-    mu = mu + yb - fy.T @ nu
-    pbar = pbar - f_p_transpose(t0, y_t0, yp_t0, pd, nu)
+    mu, p_jump, (fy, fyp), _ = jump(t0, y_t0, yp_t0, mu, yb, ypb)
+    pbar = pbar + p_jump
     w = k["w"] + qb
 
     ok = k["ok"]

@@ -280,3 +280,21 @@ def test_time_gradients():
     c, s = 0.5 * np.cos(1.1), 0.5 * np.sin(1.1)
     for got, want in [(dx_dt1, c), (dx_dt0, -c), (dq_dt1, s), (dq_dt0, -s)]:
         assert abs(float(got) - want) <= 100 * rtol, (float(got), want)
+
+
+def test_init_y_gradient_semantics():
+    """init="y" computes y0 from y'0: F = (y1' + y1 − p, y2 − y1²) with y1'(0) = c gives
+    y1(0) = p − c and y1(t) = p − c e^{−t}, so d y1(1)/dc = −1/e, d y1(1)/dp = 1, and the
+    (recomputed) y0 gets zero cotangent. Within 100·rtol as the other exact checks."""
+    rtol = 1e-9
+
+    def y1_end(y0, c, p):
+        sol = dae.solve(lambda t, y, yp, p: jnp.stack([yp[0] + y[0] - p, y[1] - y[0] ** 2]),
+                        0.0, 1.0, y0, jnp.stack([c, 0.0]), p,
+                        algebraic=jnp.array([False, True]), init="y", rtol=rtol, atol=rtol)
+        return sol.ys[-1, 0]
+
+    g_y0, g_c, g_p = jax.jit(jax.grad(y1_end, argnums=(0, 1, 2)))(jnp.zeros(2), 0.3, 2.0)
+    assert abs(float(g_c) + np.exp(-1.0)) <= 100 * rtol
+    assert abs(float(g_p) - 1.0) <= 100 * rtol
+    assert np.all(np.asarray(g_y0) == 0.0)
