@@ -3,10 +3,12 @@ F(t, y, y', args) = 0 in the SUNDIALS IDAS tradition."""
 
 from ._adjoint import Adjoint
 from ._discrete_adjoint import DiscreteAdjoint
-from ._linear_solver import DenseLU
+from ._events import Event
+from ._forward_sensitivity import ForwardSensitivity
+from ._linear_solver import AbstractLinearSolver, DenseLU
 from ._results import RESULTS
 from ._solution import Solution
 from ._solve import solve
 
-__all__ = ["solve", "Solution", "RESULTS", "DenseLU", "Adjoint", "DiscreteAdjoint"]
+__all__ = ["solve", "Solution", "RESULTS", "DenseLU", "AbstractLinearSolver", "Adjoint", "DiscreteAdjoint", "Event", "ForwardSensitivity"]
 __version__ = "0.1.0"

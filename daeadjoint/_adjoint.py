@@ -1,9 +1,10 @@
 r"""Reverse-mode derivatives of `solve`: the continuous augmented adjoint DAE, solved
-backward with checkpoint recomputation.
+backward with checkpoint recomputation (the impl of `_autodiff.cotangent_p`).
 
-Mathematics (seed 000 eqs. (10)/(14), seed 001 eqs. (38), (40)–(42)). For a loss with
-point terms on y(t_i), y'(t_i) and integral terms ∫_{t0}^{t_i} q dt, the Lagrangian
-L − ∫ λᵀF dt is stationary in y when μ := F_y'ᵀλ − g_y'ᵀ satisfies
+Mathematics (Li & Petzold, DASPKADJOINT, eqs. (10)/(14); Bartlett, SAND2007-6699,
+eqs. (38), (40)–(42)). For a loss with point terms on y(t_i), y'(t_i) and integral terms
+∫_{t0}^{t_i} q dt, the Lagrangian L − ∫ λᵀF dt is stationary in y when μ := F_y'ᵀλ − g_y'ᵀ
+satisfies
 
     dμ/dt = F_yᵀ λ − g_yᵀ,        μ − F_y'ᵀ λ + g_y'ᵀ = 0,                        (A)
 
@@ -14,29 +15,29 @@ cotangents), integrated backward in time. Then
     dL/dy0 = μ(t0) on the free (differential) components.
 
 (A) is solved as an index-1 DAE in Z = (μ, λ) with s = −t by the same BDF integrator, with
-error control on μ (= the "λ̄" of seed 000), on the λ_i of differential equations and on
-the parameter-gradient quadrature (seed 000 §5.3, Table 2). The multipliers of algebraic
-equations are left out of the test: they follow F_y(t, y(t), y'(t)) of the interpolated
-forward solution algebraically, and asking the error test to resolve that interpolant's
-kinks only shrinks the steps (seen on R3 at rtol 1e-9). The
-Newton rate re-estimated every step because (A) is linear (§5.5). Its iteration matrix
-[[cj I, F_yᵀ], [I, −F_y'ᵀ]] is solved through the *transpose* of the forward iteration
-matrix J = F_y + cj F_y':  δλ = J⁻ᵀ(r₁ − cj r₂),  δμ = r₂ + F_y'ᵀ δλ  (`_AdjointLU`).
+error control on μ (the "λ̄" of Li & Petzold), on the λ_i of differential equations and
+on the parameter-gradient quadrature (Li & Petzold §5.3, Table 2). The multipliers of
+algebraic equations are left out of the test: they follow F_y(t, y(t), y'(t)) of the
+interpolated forward solution algebraically. The Newton rate is re-estimated every step
+because (A) is linear (Li & Petzold §5.5). Its iteration matrix [[cj I, F_yᵀ], [I, −F_y'ᵀ]]
+is solved through the *transpose* of the forward iteration matrix J = F_y + cj F_y', with
+whatever linear solver the forward problem uses (`AdjointSolver`):
+
+    δλ = J⁻ᵀ(r₁ − cj r₂),    δμ = r₂ + F_y'ᵀ δλ.
 
 Point cotangents (ȳ_i, ȳp_i) at t_i make λ carry a Dirac mass ν δ(t − t_i) with
-F_y'ᵀν = 0 on the algebraic part, giving the consistent jump (seed 003 eq. (16),
-seed 000 §4.1)
+F_y'ᵀν = 0 on the algebraic part, giving the consistent jump (Calver & Enright eq. (16),
+Li & Petzold §4.1)
 
     M ν = a∘ȳ + d∘ȳp,   M = diag(d) F_y'ᵀ + diag(a) F_yᵀ,
     μ(t_i⁻) = μ(t_i⁺) + ȳ − F_yᵀν,       dL/dp −= F_pᵀν,
 
-where a (d) masks algebraic (differential) components. M is nonsingular exactly when the
-DAE is index 1 with those algebraic variables, so cotangents on algebraic components are
-mapped onto the differential ones through the algebraic equations. For an ODE (a = 0)
-the jump is ȳ − F_yᵀF_y'^{-ᵀ}ȳp.
+where a (d) masks algebraic (differential) components: M is the transpose of the
+consistency matrix C of `_consistency.py`, nonsingular exactly when the DAE is index 1
+with those algebraic variables.
 
 Only the step sequence of the forward pass is reused; step sizes and orders are never
-differentiated (seed 004): what is differentiated is the continuous problem.
+differentiated (Eberhard & Bischof): what is differentiated is the continuous problem.
 """
 
 import dataclasses
@@ -48,16 +49,17 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from ._integrator import (Outputs, StepRecorder, initial_state, initial_step, integrate,
-                          restore_linear_state)
-from ._integrator import Problem
-from ._linear_solver import factor, factored_is_singular, factored_solve
+from ._consistency import consistency_solve
+from ._integrator import (CheckpointRecorder, Outputs, Problem, StepRecorder, initial_state,
+                          initial_step, integrate, restore_linear_state)
+from ._linear_solver import AbstractLinearSolver
 from ._newton import tree_where
-from ._results import RESULTS
+from ._events import observations
+from ._results import RESULTS, succeeded
 
 
 class Adjoint(eqx.Module):
-    """Gradients by the continuous adjoint DAE solved backward (the default).
+    """Gradients by the continuous adjoint DAE solved backward.
 
     **Arguments:**
 
@@ -78,171 +80,255 @@ class Adjoint(eqx.Module):
     - `max_steps`: adjoint steps allowed between two restarts (default: the forward one).
     """
 
-    checkpoint_every: int = 50
-    interpolation: str = "hermite"
-    rtol: float | None = None
+    checkpoint_every: int = eqx.field(static=True, default=50)
+    interpolation: str = eqx.field(static=True, default="hermite")
+    rtol: float | None = None       # may be traced (a tolerance study under jit/vmap)
     atol: float | None = None
-    quad_error_control: bool = True
-    max_steps: int | None = None
+    quad_error_control: bool = eqx.field(static=True, default=True)
+    max_steps: int | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        if self.interpolation not in ("hermite", "bdf"):
+            raise ValueError(f"Adjoint(interpolation=...) must be 'hermite' or 'bdf', got "
+                             f"{self.interpolation!r}.")
+        if not (isinstance(self.checkpoint_every, int) and self.checkpoint_every > 0):
+            raise ValueError("Adjoint(checkpoint_every=...) must be a positive integer, got "
+                             f"{self.checkpoint_every!r}.")
+
+    def recorders(self, state, max_steps: int) -> tuple:
+        return (CheckpointRecorder.create(state, self.checkpoint_every, max_steps),)
+
+    def backward(self, config, inputs, rec, ct, wanted):
+        return backward(self, config, inputs, rec, ct, wanted)
 
 
-class _AdjointLU(eqx.Module):
-    """Linear solver of the adjoint Newton iteration via the forward matrix transposed."""
+# ------------------------------------------------------------ the adjoint DAE (A)
 
-    jacobians: Callable = eqx.field(static=True)
+
+class AdjointSolver(AbstractLinearSolver):
+    """The adjoint Newton matrix [[cj I, F_yᵀ], [I, −F_y'ᵀ]] through the forward
+    problem's linear solver transposed: δλ = J⁻ᵀ(r₁ − cj r₂), δμ = r₂ + F_y'ᵀ δλ, with
+    F_y'ᵀ δλ by `jax.vjp` at the setup point. Works for every forward solver (dense,
+    banded, sparse, Krylov with the transposed preconditioner). The unknowns are k
+    directions (μ_i, λ_i) stacked: the matrix is block diagonal, one factorization."""
+
+    inner: AbstractLinearSolver
+    residual: Callable                 # F(t, y, y', args) of the forward problem
     n: int = eqx.field(static=True)
+    k: int = eqx.field(static=True, default=1)
+
+    @property
+    def stat_names(self) -> tuple:
+        return self.inner.stat_names
 
     def setup(self, residual, s, Z, Zs, cj, aargs):
-        buf, _, pd = aargs
-        y, yp = buf.evaluate(-s)
-        fy, fyp = self.jacobians(-s, y, yp, pd)
-        return factor(fy + cj * fyp), fyp, cj
+        buf, _, args = aargs
+        t = -s
+        y, yp = buf.evaluate(t)
+        return self.inner.setup(self.residual, t, y, yp, cj, args), (t, y, yp, cj, args)
 
-    def solve(self, state, g, transpose=False):
-        lu, fyp, cj = state
-        g1, g2 = g[: self.n], g[self.n:]
-        x_lam = factored_solve(lu, g1 - cj * g2, transpose=True)
-        return jnp.concatenate([g2 + fyp.T @ x_lam, x_lam])
+    def solve(self, state, g, *, transpose=False, weights=None, operator=None):
+        inner_state, (t, y, yp, cj, args) = state
+        n, k = self.n, self.k
+        g = g.reshape(k, 2 * n)
+        g1, g2 = g[:, :n], g[:, n:]
+        op = None
+        if self.inner.needs_operator:
+            _, op = jax.linearize(lambda v: self.residual(t, y + v, yp + cj * v, args),
+                                  jnp.zeros_like(y))
+        w = (jnp.ones((k, n), y.dtype) if weights is None
+             else weights.reshape(k, 2 * n)[:, n:])
+        lam, stats = jax.vmap(lambda r, w_: self.inner.solve(
+            inner_state, r, transpose=True, weights=w_, operator=op))(g1 - cj * g2, w)
+        _, fyp_vjp = jax.vjp(lambda v: self.residual(t, y, v, args), yp)
+        fyp_lam = jax.vmap(lambda l_: fyp_vjp(l_)[0])(lam)
+        stats = {name: jnp.sum(v) for name, v in stats.items()}
+        return jnp.concatenate([g2 + fyp_lam, lam], axis=1).reshape(-1), stats
 
     def is_singular(self, state):
-        return factored_is_singular(state[0])
+        return self.inner.is_singular(state[0])
 
 
-def _empty_outputs(n, nq, dtype):
-    return Outputs(ts=jnp.zeros((0,), dtype), ys=jnp.zeros((0, n), dtype),
-                   yps=jnp.zeros((0, n), dtype), qs=jnp.zeros((0, nq), dtype),
-                   index=jnp.zeros((), jnp.int32))
+class _Terms(eqx.Module):
+    """The forward problem's pieces the adjoint evaluates, with `args` split into the
+    differentiated part (flat vector p) and the rest. The `*_t` helpers take k directions
+    (leading axis) and linearize once."""
+
+    residual: Callable
+    quadrature: Callable | None
+    static: object
+    unravel: Callable
+    npar: int = eqx.field(static=True)
+
+    def F(self, t, y, yp, p):
+        return self.residual(t, y, yp, eqx.combine(self.unravel(p), self.static))
+
+    def Q(self, t, y, yp, p):
+        return self.quadrature(t, y, yp, eqx.combine(self.unravel(p), self.static))
+
+    def f_transpose(self, t, y, yp, p, lam):
+        """(λᵢᵀF_y, λᵢᵀF_y', λᵢᵀF_p) for the rows λᵢ of lam (k, n)."""
+        _, vjp = jax.vjp(lambda y_, yp_, p_: self.F(t, y_, yp_, p_), y, yp, p)
+        return jax.vmap(vjp)(lam)
+
+    def source(self, t, y, yp, w, p):
+        """g = wᵢᵀq for the rows wᵢ of w (k, nq): (g_y, g_y', g_p), each with leading k."""
+        k = w.shape[0]
+        if self.quadrature is None:
+            z = jnp.zeros((k,) + y.shape, y.dtype)
+            return z, z, jnp.zeros((k,) + p.shape, p.dtype)
+        _, vjp = jax.vjp(lambda y_, yp_, p_: self.Q(t, y_, yp_, p_), y, yp, p)
+        return jax.vmap(vjp)(w)
 
 
-def backward(adjoint: Adjoint, static, problem_fwd: Problem, checkpoints, y0, yp0, diff,
-             nondiff, sol, cot):
-    """The backward pass. Returns (ȳ0, ȳp0, p̄ (args pytree), t̄0, t̄s)."""
-    t0, t1, _, _, args, ts = diff
-    algebraic, rtol, atol, _, _, tstop = nondiff
-    ybar, ypbar, qbar = cot
-    dtype, n = y0.dtype, y0.shape[0]
-    n_save = ts.shape[0]
-    nq = qbar.shape[1]
+def adjoint_problem(terms: _Terms, linear_solver, n, k, algebraic, buf, w, p, rtol, atol,
+                    quad_error_control, s_stop, dtype) -> Problem:
+    """(A) for k cotangent directions in Z = (μ_i, λ_i)_i (flattened, 2nk), s = −t, as a
+    Problem for the BDF integrator; its quadrature is the parameter gradient
+    ∫ (wᵢᵀq_p − λᵢᵀF_p) dt of every direction (k·npar)."""
+
+    def residual(s, Z, Zs, aargs):
+        buf_, w_, p_ = aargs
+        t = -s
+        y, yp = buf_.evaluate(t)
+        Zk, Zsk = Z.reshape(k, 2 * n), Zs.reshape(k, 2 * n)
+        mu, lam = Zk[:, :n], Zk[:, n:]
+        fy_lam, fyp_lam, _ = terms.f_transpose(t, y, yp, p_, lam)
+        gy, gyp, _ = terms.source(t, y, yp, w_, p_)
+        return jnp.concatenate([Zsk[:, :n] + fy_lam - gy, mu - fyp_lam + gyp], axis=1).reshape(-1)
+
+    def quadrature(s, Z, Zs, aargs):
+        buf_, w_, p_ = aargs
+        t = -s
+        y, yp = buf_.evaluate(t)
+        lam = Z.reshape(k, 2 * n)[:, n:]
+        _, _, gp = terms.source(t, y, yp, w_, p_)
+        _, _, fp_lam = terms.f_transpose(t, y, yp, p_, lam)
+        return (gp - fp_lam).reshape(-1)
+
+    npar = terms.npar
+    # λ of algebraic equations follows the interpolated forward solution algebraically:
+    # left out of the error test (see the module docstring).
+    one = jnp.concatenate([jnp.ones((n,), dtype), jnp.where(algebraic, 0.0, 1.0).astype(dtype)])
+    return Problem(
+        residual=residual, quadrature=quadrature if npar else None,
+        linear_solver=AdjointSolver(inner=linear_solver, residual=terms.F, n=n, k=k),
+        args=(buf, w, p), rtol=rtol, atol=jnp.full((2 * n * k,), atol, dtype),
+        error_mask=jnp.tile(one, k), quad_rtol=rtol, quad_atol=jnp.full((npar * k,), atol, dtype),
+        quad_error_control=quad_error_control and npar > 0, tstop=s_stop,
+        reset_newton_rate=True)
+
+
+# ------------------------------------------------------------ observation jumps
+
+
+def _m_solve(terms, solver, algebraic, t, y, yp, p, rhs):
+    """ν with M νᵢ = rhsᵢ (k, n), M the transposed consistency matrix."""
+    nu, _ = consistency_solve(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
+                              t, y, yp, p, algebraic, rhs, transpose=True)
+    return nu
+
+
+def jump(terms: _Terms, linear_solver, algebraic, t, y, yp, mu, yb, ypb, p):
+    """The consistent jump at an observation (module docstring), for k directions
+    (rows): returns μ(t⁻) and the parameter terms −F_pᵀνᵢ."""
     a = algebraic
-    pd, pst = eqx.partition(args, eqx.is_inexact_array)
-    flat_pd, unravel = ravel_pytree(pd)
-    npar = flat_pd.shape[0]
+    nu = _m_solve(terms, linear_solver, a, t, y, yp, p, jnp.where(a, yb, ypb))
+    fy_nu, _, fp_nu = terms.f_transpose(t, y, yp, p, nu)
+    return mu + yb - fy_nu, -fp_nu
 
-    def F(t, y, yp, p):
-        return static.residual(t, y, yp, eqx.combine(p, pst))
 
-    def source(t, y, yp, w, p):
-        """g = wᵀq: returns (g_y, g_y', g_p flat)."""
-        if static.quadrature is None:
-            return jnp.zeros_like(y), jnp.zeros_like(y), jnp.zeros((npar,), dtype)
-        _, vjp = jax.vjp(lambda y_, yp_, p_: static.quadrature(t, y_, yp_, eqx.combine(p_, pst)),
-                         y, yp, p)
-        gy, gyp, gp = vjp(w)
-        return gy, gyp, ravel_pytree(gp)[0] if npar else jnp.zeros((0,), dtype)
+def restart_values(terms: _Terms, linear_solver, algebraic, t, mu, w, buf, p):
+    """Consistent (Z, Z_s) of (A) at t for the weights w after a jump: μ_a = −g_y'a,
+    λ from M λ = (a∘g_y + d∘(μ + g_y')), μ_s = g_y − F_yᵀλ, and λ_s from M λ_s = d∘μ_s
+    (the s-derivative of the two relations with the coefficients frozen; only the
+    starting predictor uses it, and the BDF corrects the rest). Rows: directions."""
+    a = algebraic
+    y, yp = buf.evaluate(t)
+    gy, gyp, _ = terms.source(t, y, yp, w, p)
+    mu = jnp.where(a, -gyp, mu)
+    lam = _m_solve(terms, linear_solver, a, t, y, yp, p, jnp.where(a, gy, mu + gyp))
+    fy_lam, _, _ = terms.f_transpose(t, y, yp, p, lam)
+    mu_s = gy - fy_lam
+    lam_s = _m_solve(terms, linear_solver, a, t, y, yp, p, jnp.where(a, 0.0, mu_s))
+    flat = lambda u, v: jnp.concatenate([u, v], axis=1).reshape(-1)  # noqa: E731
+    return flat(mu, lam), flat(mu_s, lam_s)
 
-    user_jac = getattr(problem_fwd.linear_solver, "jac", None)
 
-    def jacobians(t, y, yp, p):
-        """(F_y, F_y') from the user's `DenseLU(jac=...)` if given (J at cj = 0 and 1),
-        else by forward-mode AD."""
-        if user_jac is not None:
-            fy = user_jac(t, y, yp, 0.0, eqx.combine(p, pst))
-            return fy, user_jac(t, y, yp, 1.0, eqx.combine(p, pst)) - fy
-        zero = jnp.zeros_like(y)
-        fy = jax.jacfwd(lambda v: F(t, y + v, yp, p))(zero)
-        fyp = jax.jacfwd(lambda v: F(t, y, yp + v, p))(zero)
-        return fy, fyp
+# ------------------------------------------------------------ the backward pass
 
-    def f_p_transpose(t, y, yp, p, v):
-        if npar == 0:
-            return jnp.zeros((0,), dtype)
-        _, vjp = jax.vjp(lambda p_: F(t, y, yp, p_), p)
-        return ravel_pytree(vjp(v)[0])[0]
 
-    # --- the adjoint DAE (A) in s = −t --------------------------------------------
-    def adj_residual(s, Z, Zs, aargs):
-        buf, w, p = aargs
-        t = -s
-        y, yp = buf.evaluate(t)
-        mu, lam = Z[:n], Z[n:]
-        _, vjp = jax.vjp(lambda y_, yp_: F(t, y_, yp_, p), y, yp)
-        fy_lam, fyp_lam = vjp(lam)
-        gy, gyp, _ = source(t, y, yp, w, p)
-        return jnp.concatenate([Zs[:n] + fy_lam - gy, mu - fyp_lam + gyp])
+def _empty_outputs(ts_dtype, n, nq):
+    return Outputs.create(jnp.zeros((0,), ts_dtype), n, nq, 0, 0, ts_dtype)
 
-    def adj_quadrature(s, Z, Zs, aargs):
-        buf, w, p = aargs
-        t = -s
-        y, yp = buf.evaluate(t)
-        _, _, gp = source(t, y, yp, w, p)
-        return gp - f_p_transpose(t, y, yp, p, Z[n:])
 
-    adj_rtol = jnp.asarray(rtol if adjoint.rtol is None else adjoint.rtol, dtype)
-    adj_atol = jnp.asarray(jnp.max(atol) if adjoint.atol is None else adjoint.atol, dtype)
+def replay_segment(problem_fwd: Problem, ck, c, n_ck, t_next, tstop, yp0, buf0, max_steps):
+    """Replay forward segment c from its checkpoint `ck` to t_next, recording every step
+    (node values for the interpolant, and the BDF histories). The factorization is
+    rebuilt at the checkpoint's stored setup point, so the replay repeats the original
+    steps bit for bit. (The checkpoint is sliced outside any `cond`: the whole checkpoint
+    buffer is never a branch operand, which XLA would copy.)"""
+    last = c + 1 >= n_ck
+    prob = dataclasses.replace(problem_fwd, tstop=jnp.where(last, tstop, t_next))
+    st = restore_linear_state(prob, ck)
+    # y' at the checkpoint: the BDF interpolant there, or y'0 at the very start.
+    _, yp_start = StepRecorder._node(st)
+    yp_start = jnp.where(c == 0, yp0, yp_start)
+    n, nq = st.phi.shape[1], st.phiq.shape[1]
+    st, _, (rec,), _ = integrate(prob, st, _empty_outputs(st.phi.dtype, n, nq), t_next,
+                              max_steps, (buf0.start(st, yp_start),))
+    ok = (st.result == RESULTS.successful) & ~rec.overflowed()
+    return rec, ok
 
-    def adj_problem(buf, w, s_stop):
-        return Problem(
-            residual=adj_residual, quadrature=adj_quadrature if npar else None,
-            linear_solver=_AdjointLU(jacobians=jacobians, n=n), args=(buf, w, pd),
-            rtol=adj_rtol, atol=jnp.full((2 * n,), adj_atol, dtype),
-            error_mask=jnp.concatenate([jnp.ones((n,), dtype), jnp.where(a, 0.0, 1.0).astype(dtype)]), quad_rtol=adj_rtol,
-            quad_atol=jnp.full((npar,), adj_atol, dtype),
-            quad_error_control=adjoint.quad_error_control and npar > 0, tstop=s_stop,
-            reset_newton_rate=True)
 
-    def jump(t, y, yp, mu, yb, ypb):
-        """μ(t⁻) = μ(t⁺) + ȳ − F_yᵀν with M ν = a∘ȳ + d∘ȳp, and −F_pᵀν; also returns
-        (F_y, F_y') and the factors of M for the caller's further solves."""
-        fy, fyp = jacobians(t, y, yp, pd)
-        m_lu = jax.scipy.linalg.lu_factor(jnp.where(a[:, None], fy.T, fyp.T))
-        nu = jax.scipy.linalg.lu_solve(m_lu, jnp.where(a, yb, ypb))
-        return mu + yb - fy.T @ nu, -f_p_transpose(t, y, yp, pd, nu), (fy, fyp), m_lu
+def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
+    """The backward pass for k cotangent directions at once (they share the backward
+    steps and the factorizations, as forward sensitivities share the forward ones):
+    `ct` = (ȳd (k, n_save, order+1, n), q̄s (k, n_save, nq)). Returns (Tangents with a
+    leading axis k, restricted to `wanted`, result)."""
+    from ._autodiff import _restrict   # the Tangents helpers live with the primitives
+    from ._core import Tangents, build_problem
 
-    def restart(t, mu, yb, ypb, w, buf):
-        """Jump of μ at t for cotangents (ȳ, ȳp) and consistent (Z, Z_s) for the new w."""
-        y, yp = buf.evaluate(t)
-        mu, p_jump, (fy, _), m_lu = jump(t, y, yp, mu, yb, ypb)
-        gy, gyp, _ = source(t, y, yp, w, pd)
-        mu = jnp.where(a, -gyp, mu)
-        lam = jax.scipy.linalg.lu_solve(m_lu, jnp.where(a, gy, mu + gyp))
-        mu_s = gy - fy.T @ lam
-        # λ_s from the s-derivative of the two relations with the coefficients frozen;
-        # only the starting predictor uses it, and the BDF corrects the rest.
-        lam_s = jax.scipy.linalg.lu_solve(m_lu, jnp.where(a, 0.0, mu_s))
-        return jnp.concatenate([mu, lam]), jnp.concatenate([mu_s, lam_s]), p_jump
+    # Output rows and event roots as point observations, sorted by time.
+    ts, yd_bar, qbar, p_events = observations(config, inputs, rec, ct)
+    k = yd_bar.shape[0]
+    ybar, ypbar = yd_bar[:, :, 0], yd_bar[:, :, 1]
+    y0, yp0 = rec.y0, rec.yp0
+    dtype, n = y0.dtype, y0.shape[0]
+    t0, tstop = inputs.t0, inputs.tstop
+    a = inputs.algebraic
+    n_save, nq = ts.shape[0], qbar.shape[2]
+    problem_fwd = build_problem(config, dataclasses.replace(inputs, y0=y0, yp0=yp0))
+    pd, pst = eqx.partition(inputs.args, eqx.is_inexact_array)
+    p, unravel = ravel_pytree(pd)
+    terms = _Terms(residual=config.residual, quadrature=config.quadrature, static=pst,
+                   unravel=unravel, npar=p.shape[0])
+    npar = terms.npar
+    solver = config.linear_solver
+
+    adj_rtol = jnp.asarray(inputs.rtol if adjoint.rtol is None else adjoint.rtol, dtype)
+    adj_atol = jnp.asarray(jnp.max(inputs.atol) if adjoint.atol is None else adjoint.atol, dtype)
+
+    def problem(buf, w, s_stop):
+        return adjoint_problem(terms, solver, n, k, a, buf, w, p, adj_rtol, adj_atol,
+                               adjoint.quad_error_control, s_stop, dtype)
 
     # --- buffers and initial carry --------------------------------------------------
     every = adjoint.checkpoint_every
-    capacity = 2 * every + 20
-    ck_states = checkpoints.states
-    n_ck = checkpoints.count
+    ck_states = rec.checkpoints.states
+    n_ck = rec.checkpoints.count
     ck_cap = ck_states.t.shape[0]
-    max_fwd = static.max_steps
-    max_adj = adjoint.max_steps or static.max_steps
-    empty_fwd = _empty_outputs(n, problem_fwd.quad_atol.shape[0], dtype)
-    empty_adj = _empty_outputs(2 * n, npar, dtype)
-    if adjoint.interpolation not in ("hermite", "bdf"):
-        raise ValueError(f"Adjoint(interpolation=...) must be 'hermite' or 'bdf', got "
-                         f"{adjoint.interpolation!r}.")
-    buf0 = StepRecorder.create(capacity, n, dtype, hermite=adjoint.interpolation == "hermite")
-    w0 = jnp.zeros((nq,), dtype)
-    Z0 = jnp.zeros((2 * n,), dtype)
-    dummy_problem = adj_problem(buf0, w0, jnp.asarray(jnp.inf, dtype))
-    adj0 = initial_state(dummy_problem, -ts[-1], Z0, Z0, jnp.ones((), dtype))
+    max_fwd = config.max_steps
+    max_adj = adjoint.max_steps or config.max_steps
+    empty_adj = _empty_outputs(dtype, 2 * n * k, npar * k)
+    buf0 = StepRecorder.create(2 * every + 20, n, dtype, hermite=adjoint.interpolation == "hermite")
+    w0 = jnp.zeros((k, nq), dtype)
+    Z0 = jnp.zeros((2 * n * k,), dtype)
+    adj0 = initial_state(problem(buf0, w0, jnp.asarray(jnp.inf, dtype)), -ts[-1], Z0, Z0,
+                         jnp.ones((), dtype))
 
-    def recompute(c, ck, t_next):
-        """Replay forward segment c from its checkpoint `ck` to t_next, recording every
-        step. (The checkpoint is sliced outside any `cond`, so the whole checkpoint
-        buffer is never an operand of a branch, which XLA would copy.)"""
-        last = c + 1 >= n_ck
-        prob = dataclasses.replace(problem_fwd, tstop=jnp.where(last, tstop, t_next))
-        st = restore_linear_state(prob, ck)
-        # y' at the checkpoint: the BDF interpolant there, or y'0 at the very start.
-        _, yp_start = StepRecorder._node(st)
-        yp_start = jnp.where(c == 0, yp0, yp_start)
-        st, _, (rec,) = integrate(prob, st, empty_fwd, t_next, max_fwd, (buf0.start(st, yp_start),))
-        ok = (st.result == RESULTS.successful) & ~rec.overflowed()
-        return rec, ok
+    def mu_of(adj):
+        return adj.phi[0].reshape(k, 2 * n)[:, :n]
 
     def obs_sum(idx, t):
         """Sum the cotangents of all outputs at time t (rows idx, idx−1, ...)."""
@@ -252,102 +338,120 @@ def backward(adjoint: Adjoint, static, problem_fwd: Problem, checkpoints, y0, yp
 
         def body(c):
             i, yb, ypb, qb = c
-            return i - 1, yb + ybar[i], ypb + ypbar[i], qb + qbar[i]
+            return i - 1, yb + ybar[:, i], ypb + ypbar[:, i], qb + qbar[:, i]
 
-        z = jnp.zeros((n,), dtype)
-        return jax.lax.while_loop(cond, body, (idx, z, z, jnp.zeros((nq,), dtype)))
+        z = jnp.zeros((k, n), dtype)
+        return jax.lax.while_loop(cond, body, (idx, z, z, jnp.zeros((k, nq), dtype)))
 
-    carry0 = dict(c=n_ck - 1, t_cur=ts[-1], obs=jnp.asarray(n_save - 1, jnp.int32), adj=adj0,
-                  w=w0, pbar=jnp.zeros((npar,), dtype), buf=buf0, started=jnp.zeros((), bool),
-                  ok=jnp.ones((), bool), adj_steps=jnp.zeros((), jnp.int32))
+    def next_time(k_, obs):
+        return jnp.maximum(k_["t_low"], jnp.where(obs >= 0, ts[jnp.maximum(obs, 0)], -jnp.inf))
 
-    def inner_cond(k):
-        return (k["t_cur"] > k["t_low"]) & k["ok"]
-
-    def inner_body(k):
-        obs, yb, ypb, qb = obs_sum(k["obs"], k["t_cur"])
-        jump = jnp.any(yb != 0) | jnp.any(ypb != 0) | jnp.any(qb != 0) | ~k["started"]
-        adj_old = k["adj"]
+    def observe(c):
+        """At an observation (or the first time): jump μ, add the quadrature weights,
+        bank the parameter gradient and restart (A) from consistent values."""
+        obs, yb, ypb, qb = obs_sum(c["obs"], c["t_cur"])
+        jumps = jnp.any(yb != 0) | jnp.any(ypb != 0) | jnp.any(qb != 0) | ~c["started"]
+        adj_old = c["adj"]
 
         def do_restart():
-            mu = jnp.where(k["started"], adj_old.phi[0, :n], 0.0)
-            banked = jnp.where(k["started"], adj_old.phiq[0], 0.0)
-            w = k["w"] + qb
-            Z, Zs, p_jump = restart(k["t_cur"], mu, yb, ypb, w, k["buf"])
-            t_next = jnp.maximum(k["t_low"], jnp.where(obs >= 0, ts[jnp.maximum(obs, 0)], -jnp.inf))
-            prob = adj_problem(k["buf"], w, -t_next)
-            qp = prob.quad(-k["t_cur"], Z, Zs)
-            h0 = initial_step(prob, -k["t_cur"], Z, Zs, qp, -t_next)
-            fresh = initial_state(prob, -k["t_cur"], Z, Zs, h0)
-            steps = k["adj_steps"] + jnp.where(k["started"], adj_old.stats["num_steps"], 0)
-            new = (fresh, w, k["pbar"] + banked + p_jump, steps)
-            return tree_where(jump, new, (adj_old, k["w"], k["pbar"], k["adj_steps"]))
+            mu = jnp.where(c["started"], mu_of(adj_old), 0.0)
+            banked = jnp.where(c["started"], adj_old.phiq[0].reshape(k, npar), 0.0)
+            w = c["w"] + qb
+            y, yp = c["buf"].evaluate(c["t_cur"])
+            mu, p_jump = jump(terms, solver, a, c["t_cur"], y, yp, mu, yb, ypb, p)
+            Z, Zs = restart_values(terms, solver, a, c["t_cur"], mu, w, c["buf"], p)
+            prob = problem(c["buf"], w, -next_time(c, obs))
+            qp = prob.quad(-c["t_cur"], Z, Zs)
+            h0 = initial_step(prob, -c["t_cur"], Z, Zs, qp, -next_time(c, obs))
+            fresh = initial_state(prob, -c["t_cur"], Z, Zs, h0)
+            steps = c["adj_steps"] + jnp.where(c["started"], adj_old.stats["num_steps"], 0)
+            new = (fresh, w, c["pbar"] + banked + p_jump, steps)
+            return tree_where(jumps, new, (adj_old, c["w"], c["pbar"], c["adj_steps"]))
 
         adj, w, pbar, steps = jax.lax.cond(
-            eqxi.unvmap_any(jump), do_restart,
-            lambda: (adj_old, k["w"], k["pbar"], k["adj_steps"]))
-        t_next = jnp.maximum(k["t_low"], jnp.where(obs >= 0, ts[jnp.maximum(obs, 0)], -jnp.inf))
-        prob = adj_problem(k["buf"], w, -t_next)
-        adj, _, _ = integrate(prob, adj, empty_adj, -t_next, max_adj)
+            eqxi.unvmap_any(jumps), do_restart,
+            lambda: (adj_old, c["w"], c["pbar"], c["adj_steps"]))
+        return dict(c, obs=obs, adj=adj, w=w, pbar=pbar, adj_steps=steps)
+
+    def inner_cond(c):
+        return (c["t_cur"] > c["t_low"]) & c["ok"]
+
+    def inner_body(c):
+        c = observe(c)
+        t_next = next_time(c, c["obs"])
+        adj, _, _, _ = integrate(problem(c["buf"], c["w"], -t_next), c["adj"], empty_adj,
+                              -t_next, max_adj)
         ok = adj.result == RESULTS.successful
-        return dict(k, obs=obs, adj=adj, w=w, pbar=pbar, adj_steps=steps, started=jnp.ones((), bool),
-                    t_cur=t_next, ok=k["ok"] & ok)
+        return dict(c, adj=adj, started=jnp.ones((), bool), t_cur=t_next, ok=c["ok"] & ok)
 
-    def outer_cond(k):
-        return (k["c"] >= 0) & k["ok"]
+    def outer_cond(c):
+        return (c["c"] >= 0) & c["ok"]
 
-    def outer_body(k):
-        c = k["c"]
-        t_low = ck_states.t[c]
-        need = (t_low < k["t_cur"]) | (c == 0)
-        ck = jax.tree_util.tree_map(lambda x: x[c], ck_states)
-        t_next = jnp.where(c + 1 >= n_ck, t1, ck_states.t[jnp.minimum(c + 1, ck_cap - 1)])
-        buf, ok = jax.lax.cond(eqxi.unvmap_any(need), lambda: recompute(c, ck, t_next),
-                               lambda: (k["buf"], jnp.ones((), bool)))
-        buf = tree_where(need, buf, k["buf"])
-        k = dict(k, buf=buf, ok=k["ok"] & (ok | ~need), t_low=t_low)
-        k = jax.lax.while_loop(inner_cond, inner_body, k)
-        del k["t_low"]
-        return dict(k, c=c - 1)
+    def outer_body(c):
+        i = c["c"]
+        t_low = ck_states.t[i]
+        need = (t_low < c["t_cur"]) | (i == 0)
+        ck = jax.tree_util.tree_map(lambda x: x[i], ck_states)
+        # The last segment ends where the forward run did (t1, or the step holding a
+        # terminal event).
+        t_next = jnp.where(i + 1 >= n_ck, rec.t_final, ck_states.t[jnp.minimum(i + 1, ck_cap - 1)])
+        buf, ok = jax.lax.cond(
+            eqxi.unvmap_any(need),
+            lambda: replay_segment(problem_fwd, ck, i, n_ck, t_next, tstop, yp0, buf0, max_fwd),
+            lambda: (c["buf"], jnp.ones((), bool)))
+        buf = tree_where(need, buf, c["buf"])
+        c = dict(c, buf=buf, ok=c["ok"] & (ok | ~need), t_low=t_low)
+        c = jax.lax.while_loop(inner_cond, inner_body, c)
+        del c["t_low"]
+        return dict(c, c=i - 1)
 
-    k = jax.lax.while_loop(outer_cond, outer_body, carry0)
+    # A failed forward run has no trajectory to go back along: skip (its derivatives
+    # are reported NaN by the caller), so one failed batch member costs nothing.
+    carry0 = dict(c=jnp.where(succeeded(rec.result), n_ck - 1, -1), t_cur=ts[-1], obs=jnp.asarray(n_save - 1, jnp.int32), adj=adj0,
+                  w=w0, pbar=jnp.zeros((k, npar), dtype), buf=buf0, started=jnp.zeros((), bool),
+                  ok=jnp.ones((), bool), adj_steps=jnp.zeros((), jnp.int32))
+    c = jax.lax.while_loop(outer_cond, outer_body, carry0)
 
-    # --- at t0: observations there, then the initial-value gradients ---------------
-    buf = k["buf"]
-    adj = k["adj"]
-    mu = jnp.where(k["started"], adj.phi[0, :n], 0.0)
-    pbar = k["pbar"] + jnp.where(k["started"], adj.phiq[0], 0.0)
-    obs, yb, ypb, qb = obs_sum(k["obs"], t0)
+    # --- at t0: observations there, then the initial-value cotangents ----------------
+    buf, adj = c["buf"], c["adj"]
+    mu = jnp.where(c["started"], mu_of(adj), 0.0)
+    pbar = c["pbar"] + jnp.where(c["started"], adj.phiq[0].reshape(k, npar), 0.0)
+    _, yb, ypb, qb = obs_sum(c["obs"], t0)
     y_t0, yp_t0 = buf.evaluate(t0)
-    mu, p_jump, (fy, fyp), _ = jump(t0, y_t0, yp_t0, mu, yb, ypb)
+    mu, p_jump = jump(terms, solver, a, t0, y_t0, yp_t0, mu, yb, ypb, p)
     pbar = pbar + p_jump
-    w = k["w"] + qb
+    w = c["w"] + qb
+    ybar0, ypbar0, pbar = initial_value_cotangents(config, terms, solver, a, t0, y_t0, yp_t0,
+                                                   mu, pbar, p)
+    # Moving t0 with the given initial values fixed shifts the trajectory; ∫_{t0} q
+    # loses q(t0).
+    t0bar = -(jnp.where(a, 0.0, mu) @ yp_t0)
+    if config.quadrature is not None:
+        t0bar = t0bar - w @ config.quadrature(t0, y_t0, yp_t0, inputs.args)
 
-    ok = k["ok"]
-    mu = eqx.error_if(mu, ~ok, "daeadjoint: the backward (adjoint) integration failed; try "
-                      "looser adjoint tolerances (Adjoint(rtol=..., atol=...)) or more max_steps.")
-    mu = eqx.error_if(mu, jnp.any(jnp.where(a[None, :], ypbar, 0.0) != 0),
-                      "daeadjoint: cotangents on y' of algebraic components are not supported.")
+    # Cotangents the continuous adjoint cannot take: on y' of algebraic components and
+    # on higher derivatives of the dense output (third-order derivatives through
+    # saveat). They are exactly zero unless such a derivative is asked for.
+    unsupported = (jnp.any(jnp.where(a, ypbar, 0.0) != 0) | jnp.any(yd_bar[:, :, 2:] != 0))
+    result = RESULTS.where(~c["ok"], RESULTS.adjoint_failed,
+                           RESULTS.where(unsupported, RESULTS.unsupported_cotangent,
+                                         RESULTS.successful))
+    args_bar = jax.vmap(unravel)(pbar) if npar else jax.tree_util.tree_map(
+        lambda x: jnp.zeros((k,) + x.shape, x.dtype), pd)
+    if p_events is not None:
+        args_bar = jax.tree_util.tree_map(jnp.add, args_bar, p_events)
+    out = Tangents(t0=t0bar, y0=ybar0, yp0=ypbar0, args=args_bar)
+    return _restrict(out, wanted), result
 
-    if static.init == "y":
+
+def initial_value_cotangents(config, terms, solver, a, t0, y, yp, mu, pbar, p):
+    """The init semantics (DESIGN §1): what the initialization recomputes gets zero
+    cotangent, the rest the consistent one. Rows: directions."""
+    if config.init == "y":
         # y0 solves F(t0, y0, y'0, p) = 0 given y'0: δy0 = −F_y⁻¹(F_y' δy'0 + F_p δp).
-        z = jnp.linalg.solve(fy.T, mu)
-        ybar0 = jnp.zeros_like(mu)
-        ypbar0 = -fyp.T @ z
-        pbar = pbar - f_p_transpose(t0, y_t0, yp_t0, pd, z)
-    else:
-        # The algebraic part of y0 and all of y'0 are determined by the differential part.
-        ybar0 = jnp.where(a, 0.0, mu)
-        ypbar0 = jnp.zeros_like(mu)
-
-    # Moving t0 with y(t0) fixed shifts the trajectory; ∫_{t0} q loses q(t0).
-    t0bar = -(mu @ yp_t0)
-    if static.quadrature is not None:
-        t0bar = t0bar - w @ static.quadrature(t0, y_t0, yp_t0, args)
-    # Output times: d ys_i/dt_i = yps_i, d qs_i/dt_i = q(t_i).
-    tsbar = jnp.sum(ybar * sol.yps, axis=1)
-    if static.quadrature is not None:
-        q_at = jax.vmap(lambda t, y, yp: static.quadrature(t, y, yp, args))(ts, sol.ys, sol.yps)
-        tsbar = tsbar + jnp.sum(qbar * q_at, axis=1)
-    stats = dict(adjoint_steps=k["adj_steps"] + adj.stats["num_steps"])
-    return ybar0, ypbar0, unravel(pbar) if npar else pd, t0bar, tsbar, stats
+        z, _ = consistency_solve(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
+                                 t0, y, yp, p, jnp.ones_like(a), mu, transpose=True)
+        _, fyp_z, fp_z = terms.f_transpose(t0, y, yp, p, z)
+        return jnp.zeros_like(mu), -fyp_z, pbar - fp_z
+    # The algebraic part of y0 and all of y'0 are determined by the differential part.
+    return jnp.where(a, 0.0, mu), jnp.zeros_like(mu), pbar

@@ -1,4 +1,4 @@
-"""The variable-order BDF of IDAS in fixed-leading-coefficient form (seed 002 §6.2.2).
+"""The variable-order BDF of IDAS in fixed-leading-coefficient form (IDAS manual §6.2.2).
 
 The solution history is kept as modified divided differences φ_0 … φ_5 (rows of `phi`),
 with ψ_i = t_n − t_{n−i−1} the step-size history. Everything here is a pure function on
@@ -55,61 +55,76 @@ def set_coefficients(psi_old, h, k, k_used, h_used, ns_old, dtype) -> dict:
                 cj=cj, ck=ck, ns=ns)
 
 
+def _rows(weights, like):
+    """Weights over the 6 history rows, shaped to broadcast against `like` (6, ...)."""
+    return weights.reshape((NPHI,) + (1,) * (like.ndim - 1))
+
+
 def scale_history(phi, beta, ns, k):
     """φ_i ← β_i φ_i for ns ≤ i ≤ k: the divided differences re-expressed for the new
-    step size (IDAS's φ*)."""
+    step size (IDAS's φ*). `phi` is (6, ...): the state's (6, n), or the sensitivities'
+    (6, k_dir, n)."""
     scale = jnp.where((_ORDERS >= ns) & (_ORDERS <= k), beta, 1.0)
-    return phi * scale[:, None]
+    return phi * _rows(scale, phi)
 
 
 def predict(phi, gamma, k):
     """Predictor: y_(0) = Σ_{j≤k} φ_j,  y'_(0) = Σ_{1≤j≤k} γ_j φ_j."""
     w_y = (_ORDERS <= k).astype(phi.dtype)
     w_yp = jnp.where((_ORDERS >= 1) & (_ORDERS <= k), gamma, 0.0)
-    return w_y @ phi, w_yp @ phi
+    return jnp.tensordot(w_y, phi, 1), jnp.tensordot(w_yp, phi, 1)
 
 
 def complete_history(phi, ee, k_used):
     """IDAS `IDACompleteStep` history update after an accepted step with correction ee:
     φ_{k+1} ← ee (kept for the order-raise estimate), φ_k ← φ_k + ee, then
     φ_j ← φ_j + φ_{j+1} for j = k−1..0 (a reverse cumulative sum over rows 0..k)."""
-    rows = _ORDERS[:, None]
-    phi = phi + jnp.where(rows == k_used, ee[None, :], 0.0)
+    rows = _rows(_ORDERS, phi)
+    phi = phi + jnp.where(rows == k_used, ee[None], 0.0)
     low = jnp.where(rows <= k_used, phi, 0.0)
     cumulative = jnp.flip(jnp.cumsum(jnp.flip(low, 0), 0), 0)
     phi = jnp.where(rows <= k_used, cumulative, phi)
-    return jnp.where((rows == k_used + 1) & (k_used < MAXORD), ee[None, :], phi)
+    return jnp.where((rows == k_used + 1) & (k_used < MAXORD), ee[None], phi)
+
+
+def derivative_weights(t, t_n, psi, k_used, order: int) -> Float[Array, "order+1 6"]:
+    """Weights W with y^(m)(t) = Σ_j W[m, j] φ_j, m = 0..order, for the interpolating
+    polynomial of the last step (order k_used, at least 1; IDAS `IDAGetSolution` and
+    `IDAGetDky`), valid for t_n − h_used ≤ t ≤ t_n (and mild extrapolation).
+
+    With Δ = t − t_n the weight of φ_j is the product c_j(Δ) = Π_{i<j} g_i(Δ) of the
+    linear factors g_i = (Δ + ψ_{i−1})/ψ_i (ψ_{−1} = 0), so by Leibniz's rule for a
+    linear factor c_j^(m) = c_{j−1}^(m) g_{j−1} + m c_{j−1}^(m−1)/ψ_{j−1}. The polynomial
+    has degree k_used ≤ 5: derivatives above it are exactly zero. (Unrolled over the six
+    rows: it runs inside the step loop, where a nested loop costs more than the
+    arithmetic.)
+    """
+    k_ord = jnp.maximum(k_used, 1)
+    delta = t - t_n
+    m = jnp.arange(order + 1).astype(psi.dtype)
+    prev = jnp.zeros((order + 1,), psi.dtype).at[0].set(1.0)
+    rows = [prev]
+    for j in range(1, NPHI):
+        psi_prev = psi[j - 2] if j >= 2 else 0.0
+        g = (delta + psi_prev) / psi[j - 1]
+        lower = jnp.concatenate([jnp.zeros((1,), prev.dtype), prev[:-1]])
+        prev = prev * g + m * lower / psi[j - 1]
+        rows.append(jnp.where(j <= k_ord, prev, 0.0))
+    return jnp.stack(rows, axis=1)
 
 
 def interpolation_weights(t, t_n, psi, k_used):
-    """IDAS `IDAGetSolution`: weights (c_j, d_j) with y(t) = Σ c_j φ_j and
-    y'(t) = Σ d_j φ_j, the interpolating polynomial of the last step (order k_used,
-    at least 1), valid for t_n − h_used ≤ t ≤ t_n (and mild extrapolation)."""
-    k_ord = jnp.maximum(k_used, 1)
-    delta = t - t_n
-
-    def step(carry, j):
-        c, d, gam = carry
-        d_new = d * gam + c / psi[j - 1]
-        c_new = c * gam
-        gam_new = (delta + psi[j - 1]) / psi[j]
-        use = j <= k_ord
-        out = (jnp.where(use, c_new, 0.0), jnp.where(use, d_new, 0.0))
-        return (c_new, d_new, gam_new), out
-
-    one = jnp.ones((), t.dtype)
-    _, (c, d) = jax.lax.scan(step, (one, 0 * one, delta / psi[0]), jnp.arange(1, NPHI))
-    c = jnp.concatenate([one[None], c])
-    d = jnp.concatenate([0 * one[None], d])
-    return c, d
+    """(c, d): the weights of y(t) and y'(t) (`derivative_weights` of order 1)."""
+    w = derivative_weights(t, t_n, psi, k_used, 1)
+    return w[0], w[1]
 
 
 def interpolate(phi, c, d):
-    return c @ phi, d @ phi
+    return jnp.tensordot(c, phi, 1), jnp.tensordot(d, phi, 1)
 
 
 def wrms(v: Float[Array, " n"], weights: Float[Array, " n"]) -> Float[Array, ""]:
-    """Weighted root-mean-square norm (seed 002 (6.5)); length n even where weights
+    """Weighted root-mean-square norm (IDAS manual eq. (6.5)); length n even where weights
     are zero (IDAS's masked norm for suppressed algebraic components)."""
     if v.shape[0] == 0:
         return jnp.zeros((), v.dtype)
@@ -117,10 +132,10 @@ def wrms(v: Float[Array, " n"], weights: Float[Array, " n"]) -> Float[Array, ""]
 
 
 def error_weights(y, rtol, atol):
-    """W_i = 1/(rtol |y_i| + atol_i), seed 002 (6.5)."""
+    """W_i = 1/(rtol |y_i| + atol_i), IDAS manual eq. (6.5)."""
     return 1.0 / (rtol * jnp.abs(y) + atol)
 
 
 __all__ = ["MAXORD", "NPHI", "set_coefficients", "scale_history", "predict",
-           "complete_history", "interpolation_weights", "interpolate", "wrms",
+           "complete_history", "derivative_weights", "interpolation_weights", "interpolate", "wrms",
            "error_weights"]

@@ -1,28 +1,142 @@
-"""Consistent initial conditions, IDAS `IDACalcIC` (seed 002 §6.2.1).
+"""Consistent initial conditions: the algorithm of `IDACalcIC` (IDAS manual §6.2.1, and
+its source idas_ic.c; the method of Brown, Hindmarsh & Petzold, *Consistent initial
+condition calculation for differential-algebraic systems*, SIAM J. Sci. Comput., 1998).
 
-Both modes solve F(t0, y0, y'0) = 0 for a subset u of the 2n initial values, the rest
-held fixed:
+Both modes solve F(t0, y0, y'0) = 0 for n unknowns u, the other n initial values held:
 
-- `"ya_ydp"`: u = (algebraic components of y0, differential components of y'0), given
-  the differential components of y0 (semi-explicit and fully implicit index-1 systems);
+- `"ya_ydp"`: u_i = y0_i where component i is algebraic, u_i = y'0_i where it is
+  differential (given y0_d; semi-explicit and fully implicit index-1 systems);
 - `"y"`: u = y0, given y'0 (e.g. y'0 = 0 for a quasi-steady-state start).
 
-Newton's method with a backtracking line search on the merit ‖J⁻¹F‖_WRMS (the Newton
-step norm, as IDAS uses), with J = ∂F/∂u rebuilt each iteration by `jax.jacfwd`: the
-systems are small and the start may be far from consistency, so full Newton pays off.
-Converged when the Newton step is below 0.01·0.33 in the WRMS norm (IDAS epiccon).
+**Newton matrix.** C = F_y diag(m) + F_y' diag(1 − m) (m_i = 1 where u_i is a y) is the
+exact Jacobian ∂F/∂u, set up by the project's linear solver (`setup_masked`), so dense,
+sparse and matrix-free solvers all serve. IDAS instead uses its BDF iteration matrix
+F_y + F_y'/h with an artificial step h, whose differential columns carry an O(h) error
+F_y,d that it shrinks by retrying with h/10 (its `maxnh` loop); with the exact C that
+error is gone, and h is kept only where IDAS keeps it in the norm (below).
+
+**Scaled unknowns and norm.** IDAS measures the Newton correction of a y'_i unknown as
+the change h·Δy'_i it causes in y_i over a step h, in y_i's weights
+W_i = 1/(rtol|y_i| + atol_i): with x = C⁻¹F the correction in u, the scaled correction
+is δ = D x, D_i = 1 for y unknowns and D_i = h for y' unknowns, where
+h = min(0.001·|tout − t0|, 0.5/‖y'0‖_W). Without any algebraic component ("ya_ydp" on an
+implicit ODE) IDAS rescales the norm by |tout − t0|/h (its `sysindex = 0`), i.e.
+D_i = |tout − t0|. Converged when ‖δ‖_WRMS ≤ epiccon = 0.01·0.33.
+
+**Iteration** (IDAS's IDANlsIC / IDANewtonIC / IDALineSrch):
+
+- each *pass* sets C up at the current point and runs up to `maxnit` modified-Newton
+  iterations with that C;
+- each iteration is a backtracking line search on f(u) = ½‖D C⁻¹F(u)‖²_WRMS with C fixed
+  (so every trial point is measured in the same norm): accept λ when
+  f(u − λx) ≤ f(u) − 2·10⁻⁴·λ·f(u) (the α-condition, slope −2f), else halve λ; fail when
+  λ < steptol/‖δ‖ (the minimum-step test) or after `maxbacks` halvings. A non-finite
+  residual at a trial point fails the α-condition, so the search backs off it;
+- a pass that ends converging slowly (last rate ‖δ_new‖/‖δ‖ ≤ 0.9, or ‖δ‖ below a tenth of
+  its first value) refreshes C at the current point, up to `maxnj` setups; otherwise
+  (line-search, constraint or convergence failure) mode "ya_ydp" restarts from the
+  guess with h/10 (which only reweights the y' unknowns, see above), up to `maxnh`
+  values of h;
+- after convergence the weights are recomputed at the new y and the whole iteration is
+  run once more from there (IDAS's `nwt` loop), so the test holds in the final weights.
+
+Two departures from IDAS, both refreshing a stale C (one set up at an earlier
+iterate) where IDAS keeps iterating with it or gives the pass up: when the line search
+fails with a stale C, or an iteration with a stale C reduces the merit by less than the
+rate 0.9 (measured in the stale C's norm, the step says little about the true problem),
+the step is not taken and C is refreshed at the last iterate. KINSOL's modified Newton
+retries with a fresh Jacobian in the same two situations (KINStop: step too small,
+insufficient progress); without the second, a stale C can accept a step into a region
+where the true C is singular (a far guess for y in e^y = c).
+
+**Inequality constraints** (`constraints`, as IDASetConstraints: 0 none, 1 y ≥ 0,
+2 y > 0, −1 y ≤ 0, −2 y < 0): the guess must satisfy them; a Newton step that would
+violate one is shortened to 0.99 of the distance to the bound, over all violated
+components, before the line search (IDALineSrch); a step shortened below steptol in
+the WRMS norm is a constraint failure.
+
+The function is a root finder only (pure, jit/vmap-compatible, fixed-size loops); the
+caller differentiates the consistent values through the implicit function theorem.
 """
 
+import functools
+from typing import NamedTuple
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
-import lineax as lx
+from jaxtyping import Array, Float, Int
 
 from ._bdf import error_weights, wrms
+from ._linear_solver import AbstractLinearSolver, DenseLU, setup_masked
 
-MAX_ITERS = 20
-MAX_BACKTRACKS = 10
-EPICCON = 0.01 * 0.33
-ARMIJO = 1e-4
+ICRATEMAX = 0.9       # IDAS: the largest Newton rate still called slow convergence
+ALPHALS = 1e-4        # IDAS: α of the line search's sufficient-decrease condition
+CONSTRAINT_MARGIN = 0.99   # IDAS: fraction of the distance to a bound a step may take
+
+
+class CalcICOptions(eqx.Module):
+    """The IDAS optional inputs of IDACalcIC, with their IDAS defaults.
+
+    - `maxnh`: values of the artificial step h tried in mode "ya_ydp" (IDASetMaxNumStepsIC);
+    - `maxnj`: Jacobian setups per value of h (IDASetMaxNumJacsIC);
+    - `maxnit`: Newton iterations per setup (IDASetMaxNumItersIC);
+    - `maxbacks`: line-search halvings per iteration (IDASetMaxBacksIC);
+    - `epiccon`: the convergence test ‖δ‖_WRMS ≤ epiccon (IDASetNonlinConvCoefIC);
+    - `steptol`: the minimum scaled step; None means unit roundoff^(2/3) of the working
+      dtype (IDASetStepToleranceIC);
+    - `lsoff`: take full Newton steps, no line search (IDASetLineSearchOffIC).
+    """
+
+    maxnh: int = eqx.field(static=True, default=5)
+    maxnj: int = eqx.field(static=True, default=4)
+    maxnit: int = eqx.field(static=True, default=10)
+    maxbacks: int = eqx.field(static=True, default=100)
+    epiccon: float = eqx.field(static=True, default=0.01 * 0.33)
+    steptol: float | None = eqx.field(static=True, default=None)
+    lsoff: bool = eqx.field(static=True, default=False)
+
+
+# Why the initialization failed (`InitResult.reason`); 0 is success.
+SUCCESS, CONV_FAIL, LINESEARCH_FAIL, CONSTR_FAIL, SINGULAR, NONFINITE, GUESS_VIOLATES = range(7)
+REASONS = (
+    "",
+    "the Newton iteration did not converge within its limits (IDAS IDA_CONV_FAIL); the "
+    "equations may have no solution near the guess",
+    "the line search could not reduce the Newton correction: the step became too small "
+    "or needed too many halvings (IDAS IDA_LINESEARCH_FAIL); the algebraic equations "
+    "probably have no solution near the guess",
+    "the inequality `constraints` could not be met: the step they allow became "
+    "negligible (IDAS IDA_CONSTR_FAIL)",
+    "the Jacobian of the residual with respect to the unknowns is singular: the DAE is "
+    "not index 1 in the variables marked `algebraic`, or its algebraic equations do not "
+    "determine them",
+    "the residual is NaN or inf at the initial guess",
+    "the initial guess violates `constraints`",
+)
+# Components named individually in failure messages; higher ones share one message.
+NAMED_COMPONENTS = 64
+
+
+class InitResult(NamedTuple):
+    """The outcome of `calc_ic`.
+
+    `reason` is an index into `REASONS` (0: converged). `worst_component` is −1 on
+    success; on failure it is the component whose unknown has the largest scaled Newton
+    correction |δ_i|·W_i where the iteration stopped (for a constraint failure: the
+    component whose bound stopped the step; for `NONFINITE`: the first non-finite
+    residual entry; for `GUESS_VIOLATES`: the first violated constraint; for `SINGULAR`:
+    −1). `h` is the artificial step of the last pass; the counters are totals."""
+
+    y0: Float[Array, " n"]
+    yp0: Float[Array, " n"]
+    reason: Int[Array, ""]
+    worst_component: Int[Array, ""]
+    h: Float[Array, ""]
+    num_setups: Int[Array, ""]
+    num_iterations: Int[Array, ""]
+    num_backtracks: Int[Array, ""]
+    linear_stats: dict
 
 
 def unknown_mask(mode, algebraic, n):
@@ -32,62 +146,309 @@ def unknown_mask(mode, algebraic, n):
     return algebraic
 
 
-def consistent_initial_conditions(residual, t0, y0, yp0, args, algebraic, mode, rtol, atol):
-    """Returns (y0, yp0, converged). See the module docstring."""
-    is_y = unknown_mask(mode, algebraic, y0.shape[0])
+def violated(constraints, y):
+    """IDAS N_VConstrMask: True where y_i breaks its constraint c_i (|c| = 2 strict)."""
+    c = constraints.astype(y.dtype)
+    return ((jnp.abs(c) > 1.5) & (y * c <= 0)) | ((jnp.abs(c) > 0.5) & (y * c < 0))
 
-    def split(u):
-        return jnp.where(is_y, u, y0), jnp.where(is_y, yp0, u)
 
-    def g(u):
-        y, yp = split(u)
-        return residual(t0, y, yp, args)
+def _first_true(mask):
+    return jnp.argmax(mask).astype(jnp.int32)
 
-    def newton_step(u):
-        jac = jax.jacfwd(g)(u)
-        du = lx.linear_solve(lx.MatrixLinearOperator(jac), -g(u), lx.LU(), throw=False).value
-        return du, jac
 
-    # The weights scale each unknown as a y (or, for y' unknowns, as y·(1/time)); using
-    # the y-weights for both matches IDAS, which scales y' unknowns by the first step h.
-    def merit(u, du):
-        y, _ = split(u)
-        return wrms(du, error_weights(y, rtol, atol))
+def _worst(x, weights):
+    """Index of the largest |x_i| W_i; a non-finite entry counts as the largest."""
+    v = jnp.abs(x) * weights
+    return jnp.argmax(jnp.where(jnp.isnan(v), jnp.inf, v)).astype(jnp.int32)
 
-    def cond(c):
-        u, du, nrm, it, ok, failed = c
-        return ~ok & ~failed & (it < MAX_ITERS)
 
-    def body(c):
-        u, du, nrm, it, _, _ = c
+# Outcomes of one pass (one Jacobian setup and its Newton iterations).
+_RUNNING, _CONVERGED, _SLOW, _FAILED = 0, 1, 2, 3
 
-        def bt_cond(b):
-            lam, u_new, du_new, nrm_new, tries = b
-            return (nrm_new > (1 - ARMIJO * lam) * nrm) & (tries < MAX_BACKTRACKS)
 
-        def bt_body(b):
-            lam, _, _, _, tries = b
-            lam = 0.5 * lam
-            u_new = u + lam * du
-            du_new, _ = newton_step(u_new)
-            return lam, u_new, du_new, merit(u_new, du_new), tries + 1
+def calc_ic(residual, t0, y0, yp0, args, algebraic, mode, rtol, atol,
+            linear_solver: AbstractLinearSolver = DenseLU(), constraints=None, *,
+            tout=None, options: CalcICOptions = CalcICOptions()) -> InitResult:
+    """Consistent (y0, y'0) by IDACalcIC's algorithm; see the module docstring.
 
-        u1 = u + du
-        du1, _ = newton_step(u1)
-        start = (jnp.ones((), u.dtype), u1, du1, merit(u1, du1), 0)
-        lam, u_new, du_new, nrm_new, tries = jax.lax.while_loop(bt_cond, bt_body, start)
-        finite = jnp.all(jnp.isfinite(u_new)) & jnp.isfinite(nrm_new)
-        # Converged once the next Newton step is negligible; a line search that cannot
-        # decrease the merit means no solution near the guess.
-        ok = finite & (nrm_new <= EPICCON)
-        failed = ~finite | ((tries >= MAX_BACKTRACKS) & (nrm_new > (1 - ARMIJO * lam) * nrm))
-        return u_new + jnp.where(ok, du_new, 0.0), du_new, nrm_new, it + 1, ok, failed
+    **Arguments:** `residual(t, y, yp, args)`; the guess `y0`, `yp0` (their dtype is the
+    working precision); `algebraic` (bool (n,), needed for "ya_ydp"); `mode` "ya_ydp" or
+    "y" (static); `rtol`, `atol` (scalar or (n,)) define the weights; `linear_solver`
+    whose `auxiliary()` factors C; `constraints` (int (n,) or None); `tout`: the first
+    output time (IDACalcIC's tout1), which sets the time scale of the y' unknowns
+    (None, or tout = t0: a unit time scale); `options`: `CalcICOptions`.
+    """
+    if mode not in ("ya_ydp", "y"):
+        raise ValueError(f"mode must be 'ya_ydp' or 'y', got {mode!r}")
+    y0 = jnp.asarray(y0)
+    dtype, n = y0.dtype, y0.shape[0]
+    yp0 = jnp.asarray(yp0, dtype)
+    int_ = jnp.int32
+    m = unknown_mask(mode, jnp.asarray(algebraic), n)
+    mf = m.astype(dtype)
+    rtol = jnp.asarray(rtol, dtype)
+    atol = jnp.broadcast_to(jnp.asarray(atol, dtype), (n,))
+    t0 = jnp.asarray(t0, dtype)
+    tdist = jnp.ones((), dtype) if tout is None else jnp.abs(jnp.asarray(tout, dtype) - t0)
+    tdist = jnp.where(tdist > 0, tdist, 1.0)   # IDAS rejects tout = t0; use a unit scale
+    eps = options.epiccon
+    steptol = (jnp.finfo(dtype).eps ** (2.0 / 3.0) if options.steptol is None
+               else options.steptol)
+    aux = linear_solver.auxiliary()
+    if constraints is not None:
+        constraints = jnp.asarray(constraints)
+    maxnh = options.maxnh if mode == "ya_ydp" else 1
+    # IDAS: h = 0.001·tdist, unless y'0 is so large that h·‖y'0‖ > 0.5.
+    w_start = error_weights(y0, rtol, atol)
+    ypnorm = wrms(yp0, w_start)
+    h0 = 0.001 * tdist
+    h0 = jnp.where(ypnorm > 0.5 / h0, 0.5 / jnp.where(ypnorm > 0, ypnorm, 1.0), h0)
+    has_algebraic = jnp.any(m)
 
-    u0 = jnp.where(is_y, y0, yp0)
-    du0, _ = newton_step(u0)
-    nrm0 = merit(u0, du0)
-    done0 = nrm0 <= EPICCON
-    init = (u0, du0, nrm0, 0, done0, ~jnp.isfinite(nrm0))
-    u, _, _, _, ok, _ = jax.lax.while_loop(cond, body, init)
-    y, yp = split(u)
-    return y, yp, ok
+    def scale(h):
+        """D: 1 for y unknowns, h (or tdist when no unknown is a y) for y' unknowns."""
+        return jnp.where(m, 1.0, jnp.where(has_algebraic, h, tdist)).astype(dtype)
+
+    def residual_and_operator(y, yp):
+        if aux.matrix_free:
+            return jax.linearize(lambda v: residual(t0, y + mf * v, yp + (1 - mf) * v, args),
+                                 jnp.zeros_like(y))
+        return residual(t0, y, yp, args), None
+
+    def add_stats(a, b):
+        return {k: a[k] + b[k] for k in a}
+
+    def newton_vector(lin, y, yp, wx):
+        """x = C⁻¹F(y, y') with C of the last setup, and ‖x‖ in the scaled norm (inf
+        when anything is not finite)."""
+        f, op = residual_and_operator(y, yp)
+        x, st = aux.solve(lin, f, weights=wx, operator=op)
+        fnorm = wrms(x, wx)
+        finite = jnp.all(jnp.isfinite(f)) & jnp.isfinite(fnorm)
+        return x, jnp.where(finite, fnorm, jnp.inf), st
+
+    zero_stats = {k: jnp.zeros((), int_) for k in aux.stat_names}
+
+    def line_search(lin, y, yp, x, fnorm, wx):
+        """IDALineSrch from (y, y') along −x. Returns (ok, constraint_failed,
+        constraint_limited, blocking component, y, y', next x, its norm, halvings,
+        linear-solver stats)."""
+        ratio = jnp.ones((), dtype)
+        constr_fail = limited = jnp.zeros((), bool)
+        blocking = jnp.full((), -1, int_)
+        if constraints is not None:
+            # Only y unknowns move y; y'-unknown entries of x never touch a bound.
+            mc = violated(constraints, y - mf * x) & m
+            dtemp = jnp.where(mc, x, 0.0)
+            quot = jnp.where(dtemp != 0, y / jnp.where(dtemp != 0, dtemp, 1.0), jnp.inf)
+            any_mc = limited = jnp.any(mc)
+            ratio = jnp.where(any_mc, CONSTRAINT_MARGIN * jnp.min(quot), 1.0).astype(dtype)
+            constr_fail = any_mc & (fnorm * ratio <= steptol)
+            blocking = jnp.where(any_mc, jnp.argmin(quot), -1).astype(int_)
+            x = x * ratio
+        delnorm = fnorm * ratio
+        f1norm = 0.5 * fnorm ** 2
+        slpi = -2.0 * f1norm * ratio
+        minlam = steptol / delnorm
+
+        def cond(c):
+            return c["status"] == _RUNNING
+
+        def body(c):
+            lam = c["lam"]
+            y_t = y - lam * mf * x
+            yp_t = yp - lam * (1 - mf) * x
+            x_t, fnormp, st = newton_vector(lin, y_t, yp_t, wx)
+            finite = jnp.isfinite(fnormp)
+            decrease = 0.5 * fnormp ** 2 <= f1norm + ALPHALS * slpi * lam
+            accept = finite & (True if options.lsoff else decrease)
+            nbacks = c["nbacks"] + (~accept).astype(int_)
+            fail = ~accept & ((lam < minlam) | (nbacks >= options.maxbacks))
+            status = jnp.where(accept, _CONVERGED, jnp.where(fail, _FAILED, _RUNNING))
+            return dict(lam=jnp.where(accept, lam, 0.5 * lam), nbacks=nbacks,
+                        status=status.astype(int_), y=y_t, yp=yp_t, x=x_t, fnorm=fnormp,
+                        stats=add_stats(c["stats"], st))
+
+        init = dict(lam=jnp.ones((), dtype), nbacks=jnp.zeros((), int_),
+                    status=jnp.where(constr_fail, _FAILED, _RUNNING).astype(int_),
+                    y=y, yp=yp, x=x, fnorm=fnorm, stats=zero_stats)
+        out = jax.lax.while_loop(cond, body, init)
+        return (out["status"] == _CONVERGED, constr_fail, limited, blocking, out["y"],
+                out["yp"], out["x"], out["fnorm"], out["nbacks"], out["stats"])
+
+    def newton_pass(y, yp, wx):
+        """IDANewtonIC after one setup at (y, y'). Returns the outcome, the failure
+        reason, the worst component, the point reached and the counters."""
+        _, lin, _ = setup_masked(linear_solver, residual, t0, y, yp, args, m)
+        singular = aux.is_singular(lin)
+        x, fnorm, st = newton_vector(lin, y, yp, wx)
+        start = jnp.where(singular, _FAILED,
+                          jnp.where(fnorm <= eps, _CONVERGED, _RUNNING)).astype(int_)
+
+        def cond(c):
+            return c["status"] == _RUNNING
+
+        def body(c):
+            ok, cfail, limited, blocking, y_n, yp_n, x_n, fnorm_n, nbacks, st_ls = (
+                line_search(lin, c["y"], c["yp"], c["x"], c["fnorm"], wx))
+            stale = c["it"] > 0
+            rate = fnorm_n / c["fnorm"]
+            it = c["it"] + 1
+            converged = ok & (fnorm_n <= eps)
+            # With a stale C, a failed line search or a step that barely reduced the
+            # merit (rate > 0.9) is not taken: C is refreshed at the last iterate
+            # (departures from IDAS, module docstring).
+            stalled = ok & ~converged & stale & (rate > ICRATEMAX)
+            slow_now = stale & ~ok & ~cfail | stalled
+            out_of_iters = ok & ~converged & ~slow_now & (it >= options.maxnit)
+            slow_end = out_of_iters & ((rate <= ICRATEMAX) | (fnorm_n < 0.1 * c["fnorm0"]))
+            failed = ~ok & ~slow_now | out_of_iters & ~slow_end
+            # A pass that ends slowly while the bounds shorten its steps is reported as
+            # a constraint failure.
+            reason = jnp.where(cfail | ok & limited, CONSTR_FAIL,
+                               jnp.where(~ok, LINESEARCH_FAIL, CONV_FAIL)).astype(int_)
+            status = jnp.where(converged, _CONVERGED,
+                               jnp.where(slow_now | slow_end, _SLOW,
+                                         jnp.where(failed, _FAILED, _RUNNING)))
+            keep = ok & ~stalled
+            return dict(
+                y=jnp.where(keep, y_n, c["y"]), yp=jnp.where(keep, yp_n, c["yp"]),
+                x=jnp.where(keep, x_n, c["x"]), fnorm=jnp.where(keep, fnorm_n, c["fnorm"]),
+                fnorm0=c["fnorm0"], it=it, status=status.astype(int_),
+                reason=jnp.where(failed | slow_now | slow_end, reason, c["reason"]).astype(int_),
+                blocking=jnp.where(cfail | limited, blocking, c["blocking"]),
+                nbacks=c["nbacks"] + nbacks, stats=add_stats(c["stats"], st_ls))
+
+        init = dict(y=y, yp=yp, x=x, fnorm=fnorm, fnorm0=fnorm, it=jnp.zeros((), int_),
+                    status=start, reason=jnp.where(singular, SINGULAR, SUCCESS).astype(int_),
+                    blocking=jnp.full((), -1, int_), nbacks=jnp.zeros((), int_), stats=st)
+        out = jax.lax.while_loop(cond, body, init)
+        reason = out["reason"]
+        worst = jnp.where(reason == CONSTR_FAIL, out["blocking"], _worst(out["x"], wx))
+        worst = jnp.where(reason == SINGULAR, -1, worst).astype(int_)
+        return (out["status"], reason, worst, out["y"], out["yp"], out["it"], out["nbacks"],
+                out["stats"])
+
+    def outer_cond(c):
+        return ~c["done"]
+
+    def outer_body(c):
+        h = c["h"]
+        wx = c["w"] * scale(h)
+        status, reason, worst, y, yp, iters, nbacks, st = newton_pass(c["y"], c["yp"], wx)
+        conv, slow = status == _CONVERGED, status == _SLOW
+        # IDACalcIC's nwt loop: after convergence, new weights and one more round.
+        second = conv & (c["nwt"] == 1)
+        finished = conv & (c["nwt"] == 2)
+        refresh = slow & (c["nj"] < options.maxnj)
+        failed_pass = ~conv & ~refresh
+        # C does not depend on h: restarting where it was singular cannot help.
+        at_start = jnp.all(c["y"] == c["y_start"]) & jnp.all(c["yp"] == c["yp_start"])
+        retry_h = failed_pass & (c["nh"] < maxnh) & ~((reason == SINGULAR) & at_start)
+        give_up = failed_pass & ~retry_h
+        # On a retry with h/10, restart from this round's start unless it was slow.
+        restart = retry_h & ~slow
+        y_next = jnp.where(restart, c["y_start"], y)
+        yp_next = jnp.where(restart, c["yp_start"], yp)
+        w_new = error_weights(y, rtol, atol)
+        return dict(
+            y=y_next, yp=yp_next,
+            y_start=jnp.where(second, y, c["y_start"]),
+            yp_start=jnp.where(second, yp, c["yp_start"]),
+            w=jnp.where(second, w_new, c["w"]),
+            h=jnp.where(retry_h, 0.1 * h, h),
+            nwt=c["nwt"] + second.astype(int_),
+            nh=jnp.where(second, 1, c["nh"] + retry_h.astype(int_)).astype(int_),
+            nj=jnp.where(refresh, c["nj"] + 1, 1).astype(int_),
+            done=finished | give_up,
+            reason=jnp.where(give_up, reason, SUCCESS).astype(int_),
+            worst=jnp.where(give_up, worst, -1).astype(int_),
+            setups=c["setups"] + 1, iters=c["iters"] + iters, nbacks=c["nbacks"] + nbacks,
+            stats=add_stats(c["stats"], st),
+        )
+
+    # Checks IDAS makes before iterating: the guess satisfies the constraints
+    # (IDAInitialSetup) and the residual is finite there (IDA_FIRST_RES_FAIL).
+    f_start = residual(t0, y0, yp0, args)
+    bad_f = ~jnp.isfinite(f_start)
+    reason0 = jnp.where(jnp.any(bad_f), NONFINITE, SUCCESS)
+    worst0 = jnp.where(jnp.any(bad_f), _first_true(bad_f), -1)
+    if constraints is not None:
+        bad_c = violated(constraints, y0)
+        reason0 = jnp.where(jnp.any(bad_c), GUESS_VIOLATES, reason0)
+        worst0 = jnp.where(jnp.any(bad_c), _first_true(bad_c), worst0)
+    zero = jnp.zeros((), int_)
+    init = dict(y=y0, yp=yp0, y_start=y0, yp_start=yp0, w=w_start, h=h0.astype(dtype),
+                nwt=jnp.ones((), int_), nh=jnp.ones((), int_), nj=jnp.ones((), int_),
+                done=reason0 != SUCCESS, reason=reason0.astype(int_),
+                worst=worst0.astype(int_), setups=zero, iters=zero, nbacks=zero,
+                stats=zero_stats)
+    out = jax.lax.while_loop(outer_cond, outer_body, init)
+    return InitResult(y0=out["y"], yp0=out["yp"], reason=out["reason"],
+                      worst_component=out["worst"], h=out["h"], num_setups=out["setups"],
+                      num_iterations=out["iters"], num_backtracks=out["nbacks"],
+                      linear_stats=out["stats"])
+
+
+def consistent_initial_conditions(residual, t0, y0, yp0, args, algebraic, mode, rtol, atol,
+                                  linear_solver: AbstractLinearSolver = DenseLU(),
+                                  constraints=None, *, tout=None,
+                                  options: CalcICOptions = CalcICOptions()):
+    """`calc_ic` reduced to (y0, y'0, ok, worst_component): the consistent values (on
+    failure, the last iterate: finite, never NaN), whether they converged, and the
+    int32 component to name in a failure message (−1 on success; see `InitResult`)."""
+    r = calc_ic(residual, t0, y0, yp0, args, algebraic, mode, rtol, atol, linear_solver,
+                constraints, tout=tout, options=options)
+    return r.y0, r.yp0, r.reason == SUCCESS, r.worst_component
+
+
+def _component_phrase(mode, reason, i, is_y):
+    if reason == NONFINITE:
+        where = f"residual[{i}]" if i is not None else f"a residual entry >= {NAMED_COMPONENTS}"
+        return f" (first non-finite entry: {where})"
+    if reason == GUESS_VIOLATES:
+        where = f"y0[{i}]" if i is not None else f"a component >= {NAMED_COMPONENTS}"
+        return f" (first violated: {where})"
+    name = "y0" if is_y else "y'0"
+    which = f"{name}[{i}]" if i is not None else f"{name}[i] for some i >= {NAMED_COMPONENTS}"
+    if reason == CONSTR_FAIL:
+        return f" (the bound that stopped the step: {which})"
+    return f" (the unknown with the largest scaled Newton correction: {which})"
+
+
+_SLOTS = 1 + 2 * (NAMED_COMPONENTS + 1)
+
+
+@functools.lru_cache(maxsize=None)
+def failure_messages(mode: str) -> tuple[str, ...]:
+    """The static messages `message_index` selects from (for `eqx.branched_error_if`):
+    for each reason, one naming no component, then for each component below
+    NAMED_COMPONENTS and one shared by all higher components, a message naming its
+    y0 and one naming its y'0 unknown."""
+    msgs = []
+    for reason, text in enumerate(REASONS):
+        head = f"Consistent initialization (init={mode!r}) failed: {text}"
+        msgs.append(head + ".")
+        for i in list(range(NAMED_COMPONENTS)) + [None]:
+            for is_y in (False, True):
+                msgs.append(head + _component_phrase(mode, reason, i, is_y) + ".")
+    return tuple(msgs)
+
+
+def message_index(reason, worst_component, worst_is_y):
+    """Index into `failure_messages(mode)`: the reason, the component (−1: none) and
+    whether its unknown is y0 (else y'0)."""
+    slot = jnp.where(worst_component < 0, 0,
+                     1 + 2 * jnp.minimum(worst_component, NAMED_COMPONENTS)
+                     + jnp.asarray(worst_is_y, jnp.int32))
+    return (reason * _SLOTS + slot).astype(jnp.int32)
+
+
+def error_if_failed(x, result: InitResult, mode: str, algebraic):
+    """`x`, or (under jit too) the error naming why `result` failed and at which
+    unknown; `algebraic` is the mask given to `calc_ic`."""
+    n = result.y0.shape[0]
+    is_y = unknown_mask(mode, jnp.asarray(algebraic), n)[jnp.clip(result.worst_component, 0, n - 1)]
+    return eqx.branched_error_if(x, result.reason != SUCCESS,
+                                 message_index(result.reason, result.worst_component, is_y),
+                                 failure_messages(mode))

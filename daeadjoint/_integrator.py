@@ -1,6 +1,6 @@
 """The IDAS time-stepping loop: one `lax.while_loop`, one step attempt per iteration.
 
-An attempt (seed 002 §6.2.2):
+An attempt (IDAS manual §6.2.2):
  1. coefficients for (h, k) and the predictor from the divided differences φ;
  2. modified Newton for the corrector (`_newton.py`);
  3. quadratures corrected explicitly from the converged y, y' (§6.2.5);
@@ -9,6 +9,10 @@ An attempt (seed 002 §6.2.2):
     outputs that now lie inside [t_{n−1}, t_n] by the interpolating polynomial;
     reject: keep φ, cut h and perhaps k (IDAS `IDAHandleNFlag`), give up with a status
     after 10 failures of one kind in a step.
+
+With a `SensitivityProblem` (forward mode) each accepted state corrector is followed by
+the staggered sensitivity corrector (`_forward_sensitivity.py`), and the sensitivities
+share the history update, the error test and the output writing.
 
 The carried state has a fixed shape, so the whole solve is one compiled loop that
 `jax.vmap` batches (members that finish early are held by the loop's `select`).
@@ -24,13 +28,18 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from ._bdf import (MAXORD, NPHI, complete_history, error_weights, interpolate,
-                   interpolation_weights, predict, scale_history, set_coefficients, wrms)
-from ._newton import FAIL_NONFINITE, FAIL_SINGULAR, newton_solve, tree_where
+from ._bdf import (MAXORD, NPHI, complete_history, derivative_weights, error_weights,
+                   interpolate, interpolation_weights, predict, scale_history,
+                   set_coefficients, wrms)
+from ._events import Event, EventState, search_step
+from ._forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
+                                   sensitivity_corrector)
+from ._initialization import violated
+from ._newton import EPS_NEWT, FAIL_NONFINITE, FAIL_SINGULAR, newton_solve, tree_where
 from ._results import RESULTS
 
 MAX_ERROR_TEST_FAILS = 10   # IDAS maxnef
-MAX_CONV_FAILS = 10         # IDAS maxncf
+MAX_CONV_FAILS = 10         # IDAS maxncf (Newton and constraint failures together)
 ETA_MIN_EF = 0.25           # h cut after the second error-test failure
 ETA_LOW = 0.9
 ETA_MIN = 0.5
@@ -57,9 +66,21 @@ class Problem(eqx.Module):
     quad_atol: Array       # (nq,)
     quad_error_control: bool = eqx.field(static=True)
     tstop: Array           # +inf when stepping past t1 is allowed
-    # The adjoint is linear: its Newton convergence rate is re-estimated on every step
-    # instead of trusting the previous step's (seed 000 §5.5).
+    # The residual is linear in y (the adjoint): its Newton convergence rate is
+    # re-estimated on every step instead of trusting the previous step's, and an
+    # iteration with a current J is exact (Li & Petzold, DASPKADJOINT §5.3).
     reset_newton_rate: bool = eqx.field(static=True, default=False)
+    # Forward sensitivities (k tangent directions), or None.
+    sens: SensitivityProblem | None = None
+    # IDASetConstraints (0, ±1, ±2 per component) or None; IDASetMaxStep, IDASetMinStep,
+    # IDASetMaxOrd.
+    constraints: Array | None = None
+    max_step: Array | float = jnp.inf
+    min_step: Array | float = 0.0
+    max_order: int = eqx.field(static=True, default=MAXORD)
+    event: Event | None = None
+    # Report progress every this many accepted steps (0: off; costs nothing then).
+    progress: int = eqx.field(static=True, default=0)
 
     def quad(self, t, y, yp):
         if self.quadrature is None:
@@ -79,6 +100,8 @@ class State(eqx.Module):
     phase: Int[Array, ""]        # 0 during the initial order-raising phase
     phi: Float[Array, "6 n"]
     phiq: Float[Array, "6 nq"]
+    phis: Float[Array, "6 k n"]  # forward sensitivities' history (k = 0 without them)
+    phiqs: Float[Array, "6 k nq"]
     psi: Float[Array, "6"]
     cj: Float[Array, ""]
     cj_old: Float[Array, ""]     # cj at the last Jacobian setup
@@ -95,13 +118,18 @@ class State(eqx.Module):
         return self.phi[0]
 
 
-def initial_step(problem: Problem, t0, y0, yp0, qp0, t_out) -> Float[Array, ""]:
-    """IDAS initial step: h = 0.001 |t_out − t0|, reduced so that ‖h y'0‖ ≤ 1/2."""
+def initial_step(problem: Problem, t0, y0, yp0, qp0, t_out, s0=None, sp0=None) -> Float[Array, ""]:
+    """IDAS initial step: h = 0.001 |t_out − t0|, reduced so that ‖h y'0‖ ≤ 1/2 (the
+    norm including the sensitivities' s'0 under full error control)."""
     h = 0.001 * jnp.abs(t_out - t0)
     ewt = error_weights(y0, problem.rtol, problem.atol) * problem.error_mask
     ypnorm = wrms(yp0, ewt)
     if problem.quad_error_control and qp0.shape[0] > 0:
         ypnorm = jnp.maximum(ypnorm, wrms(qp0, 1.0 / problem.quad_atol))
+    sens = problem.sens
+    if sens is not None and sens.error_control and sens.k > 0:
+        ewt_s = error_weights(s0, problem.rtol, sens.atol) * problem.error_mask
+        ypnorm = jnp.maximum(ypnorm, jnp.max(jax.vmap(wrms)(sp0, ewt_s)))
     h = jnp.where(ypnorm > 0.5 / h, 0.5 / ypnorm, h)
     # Resolvable at t0: a step below the spacing of floating-point numbers at |t0| would
     # not advance t (matters when t0 is large, as for an adjoint started at T = 4e10).
@@ -114,22 +142,35 @@ def clamp_to_tstop(problem, t, h):
     return jnp.where(t + h > problem.tstop, (problem.tstop - t) * (1 - 4 * uround), h)
 
 
-def initial_state(problem: Problem, t0, y0, yp0, h0) -> State:
+def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=None) -> State:
+    """The state before the first step. With forward sensitivities, (s0, sp0) are their
+    consistent initial values (k, n) and qsp0 (k, nq) the quadrature sensitivities' rate;
+    the quadrature sensitivities themselves start at 0 (a moving t0 enters through
+    qsp0's companion term, see `_tangents.py`)."""
     dtype = y0.dtype
     n = y0.shape[0]
     qp0 = problem.quad(t0, y0, yp0)
     nq = qp0.shape[0]
     phi = jnp.zeros((NPHI, n), dtype).at[0].set(y0).at[1].set(h0 * yp0)
     phiq = jnp.zeros((NPHI, nq), dtype).at[1].set(h0 * qp0)
+    k = 0 if problem.sens is None else problem.sens.k
+    phis = jnp.zeros((NPHI, k, n), dtype)
+    phiqs = jnp.zeros((NPHI, k, nq), dtype)
+    if k:
+        phis = phis.at[0].set(s0).at[1].set(h0 * sp0)
+        phiqs = phiqs.at[1].set(h0 * qsp0)
     lin_shape = jax.eval_shape(
         lambda: problem.linear_solver.setup(problem.residual, t0, y0, yp0, 1 / h0, problem.args))
     lin_state = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), lin_shape)
     izero = jnp.zeros((), jnp.int32)
-    stats = {name: izero for name in STAT_NAMES}
+    names = STAT_NAMES + problem.linear_solver.stat_names
+    if k:
+        names = names + ("num_sensitivity_residual_evals",)
+    stats = {name: izero for name in names}
     stats["num_quadrature_evals"] = jnp.asarray(int(nq > 0), jnp.int32)
     return State(
         t=jnp.asarray(t0, dtype), h=h0, h_used=jnp.zeros((), dtype), k=izero + 1,
-        k_used=izero, ns=izero, phase=izero, phi=phi, phiq=phiq,
+        k_used=izero, ns=izero, phase=izero, phi=phi, phiq=phiq, phis=phis, phiqs=phiqs,
         psi=jnp.zeros((NPHI,), dtype).at[0].set(h0), cj=1 / h0, cj_old=1 / h0,
         ss=jnp.asarray(20.0, dtype), lin_state=lin_state,
         jac_point=(jnp.asarray(t0, dtype), y0, yp0), nef=izero, ncf=izero,
@@ -146,11 +187,18 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     step was accepted. See the module docstring for the sequence."""
     dtype = s.phi.dtype
     uround = jnp.finfo(dtype).eps
+    sens = problem.sens if (problem.sens is not None and problem.sens.k > 0) else None
     k = s.k
-    h = clamp_to_tstop(problem, s.t, s.h)
+    h = clamp_to_tstop(problem, s.t, jnp.minimum(s.h, problem.max_step))
     co = set_coefficients(s.psi, h, k, s.k_used, s.h_used, s.ns, dtype)
-    phi = scale_history(s.phi, co["beta"], co["ns"], k)
-    phiq = scale_history(s.phiq, co["beta"], co["ns"], k)
+    # All histories (state "y", quadratures "q", sensitivities "s", their quadratures
+    # "sq") move together: rescaled, predicted and completed alike. Only the parts that
+    # exist are in the dict — on CPU every operation of the loop body costs, even on an
+    # empty array.
+    nq = s.phiq.shape[1]
+    parts = ["y"] + (["q"] if nq else []) + (["s", "sq"][: 1 + bool(nq)] if sens else [])
+    source = dict(y=s.phi, q=s.phiq, s=s.phis, sq=s.phiqs)
+    hist = {p: scale_history(source[p], co["beta"], co["ns"], k) for p in parts}
     t_new = s.t + h
     cj = co["cj"]
 
@@ -159,11 +207,20 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     ewt_err = ewt * problem.error_mask
     ewtq = error_weights(s.phiq[0], problem.quad_rtol, problem.quad_atol)
     too_accurate = uround * wrms(s.phi[0], ewt) > 1.0
+    if sens is not None:
+        ewt_s = error_weights(s.phis[0], problem.rtol, sens.atol)
+        ewtq_s = error_weights(s.phiqs[0], problem.quad_rtol, sens.quad_atol)
 
-    def err_norm(v, vq):
-        nrm = wrms(v, ewt_err)
-        if problem.quad_error_control and vq.shape[0] > 0:
-            nrm = jnp.maximum(nrm, wrms(vq, ewtq))
+    def err_norm(v):
+        """WRMS norm of a correction-like dict over `parts`: the maximum over the parts
+        under error control (IDAS's combined norm)."""
+        nrm = wrms(v["y"], ewt_err)
+        if problem.quad_error_control and "q" in v:
+            nrm = jnp.maximum(nrm, wrms(v["q"], ewtq))
+        if sens is not None and sens.error_control:
+            nrm = jnp.maximum(nrm, jnp.max(jax.vmap(wrms)(v["s"], ewt_s * problem.error_mask)))
+            if problem.quad_error_control and "sq" in v:
+                nrm = jnp.maximum(nrm, jnp.max(jax.vmap(wrms)(v["sq"], ewtq_s)))
         return nrm
 
     # --- Newton ---------------------------------------------------------------------
@@ -175,40 +232,85 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     ss = jnp.where(cj != s.cj, 100.0, ss)
     if problem.reset_newton_rate:
         ss = jnp.full_like(ss, 100.0)
-    y_pred, yp_pred = predict(phi, co["gamma"], k)
+    preds = {p: predict(hist[p], co["gamma"], k) for p in parts}
+    y_pred, yp_pred = preds["y"]
     nw = newton_solve(problem.residual, problem.args, problem.linear_solver, t_new, y_pred,
-                      yp_pred, cj, ewt, s.lin_state, s.jac_point, cj_old, ss, setup)
+                      yp_pred, cj, ewt, s.lin_state, s.jac_point, cj_old, ss, setup,
+                      linear=problem.reset_newton_rate)
     ee = nw.ee
+    converged = nw.converged
+    constraint_fail = jnp.zeros((), bool)
+    eta_constraint = jnp.ones((), dtype)
+    if problem.constraints is not None:
+        # IDAS IDANls: a converged y violating the constraints is projected back when the
+        # projection is below the Newton tolerance, otherwise the step is retried with
+        # h' = η h, η = max(0.9 min φ0/(φ0 − y) over the violators, 0.1).
+        y_try = y_pred + ee
+        mm = violated(problem.constraints, y_try)
+        c = problem.constraints.astype(dtype)
+        a = (jnp.abs(c) > 1.5).astype(dtype)
+        v = jnp.where(mm, y_try - 0.1 * a * c / ewt, 0.0)
+        small = wrms(v, ewt) <= EPS_NEWT
+        ee = jnp.where(converged & jnp.any(mm) & small, ee - v, ee)
+        constraint_fail = converged & jnp.any(mm) & ~small
+        ratio_c = jnp.where(mm, s.phi[0] / jnp.where(mm, s.phi[0] - y_try, 1.0), jnp.inf)
+        eta_constraint = jnp.maximum(0.9 * jnp.min(ratio_c), 0.1)
+        converged = converged & ~constraint_fail
     y = y_pred + ee
     yp = yp_pred + cj * ee
+    lin_state, jac_point, cj_old_new = nw.lin_state, nw.jac_point, nw.cj_old
+    extra_res = extra_jac = jnp.zeros((), jnp.int32)
+    lin_stats = dict(nw.linear_stats)
 
+    corr = {"y": ee}
     # --- quadratures: explicit correction eeQ = (q(t, y, y') − yQ'_(0))/cj -----------
-    yq_pred, ypq_pred = predict(phiq, co["gamma"], k)
-    eeq = (problem.quad(t_new, y, yp) - ypq_pred) / cj
+    if "q" in parts:
+        corr["q"] = (problem.quad(t_new, y, yp) - preds["q"][1]) / cj
+
+    # --- forward sensitivities: staggered corrector at the converged state ----------
+    if sens is not None:
+        s_pred, sp_pred = preds["s"]
+        sc = sensitivity_corrector(problem, sens, t_new, y, yp, cj, s_pred, sp_pred, ewt_s,
+                                   lin_state, jac_point, cj_old_new)
+        corr["s"] = sc.ee
+        converged = converged & sc.converged
+        # A rebuilt J (after a failed sensitivity iteration) only replaces the state's if
+        # the state corrector converged; otherwise the step is redone anyway.
+        use = nw.converged
+        lin_state = tree_where(use, sc.lin_state, lin_state)
+        jac_point = tree_where(use, sc.jac_point, jac_point)
+        cj_old_new = jnp.where(use, sc.cj_old, cj_old_new)
+        extra_res, extra_jac = sc.num_residual_evals, sc.num_jacobian_evals
+        lin_stats = {name: lin_stats[name] + sc.linear_stats[name] for name in lin_stats}
+        if "sq" in parts:
+            qs_rate = quadrature_sensitivities(problem, sens, t_new, y, yp, s_pred + sc.ee,
+                                               sp_pred + cj * sc.ee)
+            corr["sq"] = (qs_rate - preds["sq"][1]) / cj
 
     # --- local error test (6.9) and the order-lowering estimates ------------------
     sigma = co["sigma"]
-    enorm_k = err_norm(ee, eeq)
+    enorm_k = err_norm(corr)
     err_k = _at(sigma, k) * enorm_k
     terr_k = (k + 1) * err_k
-    d1, d1q = _at(phi, k) + ee, _at(phiq, k) + eeq
-    err_km1 = _at(sigma, k - 1) * err_norm(d1, d1q)
+    d1 = {p: _at(hist[p], k) + corr[p] for p in parts}
+    err_km1 = _at(sigma, k - 1) * err_norm(d1)
     terr_km1 = k * err_km1
-    d2, d2q = d1 + _at(phi, k - 1), d1q + _at(phiq, k - 1)
-    err_km2 = _at(sigma, k - 2) * err_norm(d2, d2q)
+    d2 = {p: d1[p] + _at(hist[p], k - 1) for p in parts}
+    err_km2 = _at(sigma, k - 2) * err_norm(d2)
     terr_km2 = (k - 1) * err_km2
     lower = jnp.where(k > 2, jnp.maximum(terr_km1, terr_km2) <= terr_k,
                       (k == 2) & (terr_km1 <= 0.5 * terr_k))
     knew = jnp.where(lower, k - 1, k)
-    passed = nw.converged & (co["ck"] * enorm_k <= 1.0)
+    passed = converged & (co["ck"] * enorm_k <= 1.0)
 
     # --- accepted: IDACompleteStep ---------------------------------------------------
     nst = s.stats["num_steps"] + 1
     kdiff = k - s.k_used
-    phase = jnp.where((knew == k - 1) | (k == MAXORD), 1, s.phase)
-    err_kp1 = err_norm(ee - _at(phi, k + 1), eeq - _at(phiq, k + 1)) / (k + 2)
+    top = jnp.minimum(problem.max_order, MAXORD)
+    phase = jnp.where((knew == k - 1) | (k >= top), 1, s.phase)
+    err_kp1 = err_norm({p: corr[p] - _at(hist[p], k + 1) for p in parts}) / (k + 2)
     terr_kp1 = (k + 2) * err_kp1
-    hold = (k == MAXORD) | (k + 1 >= co["ns"]) | (kdiff == 1)
+    hold = (k >= top) | (k + 1 >= co["ns"]) | (kdiff == 1)
     act_lower = (knew == k - 1) | (~hold & (k > 1) & (terr_km1 <= jnp.minimum(terr_k, terr_kp1)))
     act_raise = ~act_lower & ~hold & jnp.where(k == 1, terr_kp1 < 0.5 * terr_k,
                                               terr_kp1 < terr_k)
@@ -216,58 +318,74 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     err_knew = jnp.where(act_raise, err_kp1, jnp.where(act_lower, err_km1, err_k))
     rr = (2.0 * err_knew + 1e-4) ** (-1.0 / (k_sel + 1))
     h_sel = jnp.where(rr >= 2.0, 2.0 * h, jnp.where(rr <= 1.0, h * jnp.clip(rr, ETA_MIN, ETA_LOW), h))
+    h_sel = jnp.maximum(h_sel, problem.min_step)
     in_phase0 = phase == 0
-    k_acc = jnp.where(in_phase0, jnp.where(nst > 1, k + 1, k), k_sel)
+    k_acc = jnp.minimum(jnp.where(in_phase0, jnp.where(nst > 1, k + 1, k), k_sel), top)
     h_acc = jnp.where(in_phase0, jnp.where(nst > 1, 2.0 * h, h), h_sel)
 
     # --- rejected: IDAHandleNFlag ------------------------------------------------------
-    conv_fail = ~nw.converged
+    conv_fail = ~converged
     nef = s.nef + (~conv_fail).astype(jnp.int32)
     ncf = s.ncf + conv_fail.astype(jnp.int32)
     err_knew_f = jnp.where(knew == k, err_k, err_km1)
     eta_ef1 = jnp.clip(0.9 * (2.0 * err_knew_f + 1e-4) ** (-1.0 / (knew + 1)), ETA_MIN_EF, ETA_LOW)
-    eta_fail = jnp.where(conv_fail, ETA_CF, jnp.where(nef == 1, eta_ef1, ETA_MIN_EF))
+    eta_fail = jnp.where(conv_fail, jnp.where(constraint_fail, eta_constraint, ETA_CF),
+                         jnp.where(nef == 1, eta_ef1, ETA_MIN_EF))
     k_fail = jnp.where(conv_fail, k, jnp.where(nef >= 3, 1, knew))
-    h_fail = h * eta_fail
+    at_min_step = h <= problem.min_step * (1 + 4 * uround)
+    h_fail = jnp.maximum(h * eta_fail, problem.min_step)
     # On the very first step φ_1 = h y'_0 and ψ_0 = h are rescaled with h (IDAS IDAReset).
     rescale = jnp.where(first, eta_fail, 1.0)
-    phi_fail = s.phi.at[1].multiply(rescale)
-    phiq_fail = s.phiq.at[1].multiply(rescale)
+    hist_fail = dict(source)
+    hist_fail.update({p: source[p].at[1].multiply(rescale) for p in parts})
 
     # --- assemble ------------------------------------------------------------------------
     st = dict(s.stats)
     st["num_residual_evals"] = st["num_residual_evals"] + nw.num_residual_evals
-    st["num_jacobian_evals"] = st["num_jacobian_evals"] + nw.num_jacobian_evals
+    st["num_jacobian_evals"] = st["num_jacobian_evals"] + nw.num_jacobian_evals + extra_jac
     st["num_nonlinear_iters"] = st["num_nonlinear_iters"] + nw.num_iters
-    if phiq.shape[1] > 0:
+    for name, count in lin_stats.items():
+        st[name] = st[name] + count
+    if s.phiq.shape[1] > 0:
         st["num_quadrature_evals"] = st["num_quadrature_evals"] + 1
+    if sens is not None:
+        st["num_sensitivity_residual_evals"] = st["num_sensitivity_residual_evals"] + extra_res
     st["num_steps"] = jnp.where(passed, nst, s.stats["num_steps"])
-    st["num_error_test_failures"] = st["num_error_test_failures"] + (nw.converged & ~passed)
+    st["num_error_test_failures"] = st["num_error_test_failures"] + (converged & ~passed)
     st["num_nonlinear_convergence_failures"] = st["num_nonlinear_convergence_failures"] + conv_fail
 
     h_next = jnp.where(passed, h_acc, h_fail)
     W = RESULTS.where
-    gave_up_conv = conv_fail & (ncf >= MAX_CONV_FAILS)
-    conv_result = W(nw.fail_kind == FAIL_SINGULAR, RESULTS.singular_matrix,
-                    W(nw.fail_kind == FAIL_NONFINITE, RESULTS.nonfinite_residual,
-                      RESULTS.convergence_failures))
+    # IDAS gives up after maxncf/maxnef failures in one step, or at once when a step
+    # already at the minimum step size fails.
+    gave_up_conv = conv_fail & ((ncf >= MAX_CONV_FAILS) | at_min_step)
+    conv_result = W(constraint_fail, RESULTS.constraint_failures,
+                    W(nw.fail_kind == FAIL_SINGULAR, RESULTS.singular_matrix,
+                      W(nw.fail_kind == FAIL_NONFINITE, RESULTS.nonfinite_residual,
+                        RESULTS.convergence_failures)))
     result = W(gave_up_conv, conv_result,
-               W(~conv_fail & ~passed & (nef >= MAX_ERROR_TEST_FAILS),
+               W(~conv_fail & ~passed & ((nef >= MAX_ERROR_TEST_FAILS) | at_min_step),
                  RESULTS.error_test_failures, RESULTS.successful))
-    result = W(s.t + h_next == s.t, RESULTS.step_size_too_small, result)
+    # A step size driven to underflow by NaN residuals is a domain error (the solution
+    # reached the edge of the residual's domain, e.g. sqrt of a state going negative).
+    underflow = W(conv_fail & (nw.fail_kind == FAIL_NONFINITE), RESULTS.nonfinite_residual,
+                  RESULTS.step_size_too_small)
+    result = W(s.t + h_next == s.t, underflow, result)
     result = W(too_accurate, RESULTS.tolerance_too_small, result)
 
+    new_hist = dict(source)
+    new_hist.update({p: complete_history(hist[p], corr[p], k) for p in parts})
     accepted_state = State(
         t=t_new, h=h_acc, h_used=h, k=k_acc, k_used=k, ns=co["ns"], phase=phase,
-        phi=complete_history(phi, ee, k), phiq=complete_history(phiq, eeq, k),
-        psi=co["psi"], cj=cj, cj_old=nw.cj_old, ss=nw.ss, lin_state=nw.lin_state,
-        jac_point=nw.jac_point, nef=jnp.zeros_like(nef), ncf=jnp.zeros_like(ncf), stats=st, result=result,
+        phi=new_hist["y"], phiq=new_hist["q"], phis=new_hist["s"], phiqs=new_hist["sq"],
+        psi=co["psi"], cj=cj, cj_old=cj_old_new, ss=nw.ss, lin_state=lin_state,
+        jac_point=jac_point, nef=jnp.zeros_like(nef), ncf=jnp.zeros_like(ncf), stats=st, result=result,
     )
     rejected_state = State(
         t=s.t, h=h_fail, h_used=s.h_used, k=k_fail, k_used=s.k_used, ns=co["ns"],
-        phase=jnp.ones_like(phase), phi=phi_fail, phiq=phiq_fail,
-        psi=jnp.where(first, s.psi.at[0].set(h_fail), s.psi), cj=cj,
-        cj_old=nw.cj_old, ss=nw.ss, lin_state=nw.lin_state, jac_point=nw.jac_point,
+        phase=jnp.ones_like(phase), phi=hist_fail["y"], phiq=hist_fail["q"],
+        phis=hist_fail["s"], phiqs=hist_fail["sq"], psi=jnp.where(first, s.psi.at[0].set(h_fail), s.psi), cj=cj,
+        cj_old=cj_old_new, ss=nw.ss, lin_state=lin_state, jac_point=jac_point,
         nef=jnp.where(conv_fail, s.nef, nef),
         ncf=ncf, stats=st, result=result,
     )
@@ -275,17 +393,37 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     # (n×n) factors.
     strip = strip_linear_state
     new = tree_where(passed, strip(accepted_state), strip(rejected_state))
-    return dataclasses.replace(new, lin_state=nw.lin_state), passed
+    return dataclasses.replace(new, lin_state=lin_state), passed
 
 
 class Outputs(eqx.Module):
-    """Dense output at the requested times, filled as the steps pass them."""
+    """Dense output at the requested times, filled as the steps pass them: the
+    interpolating polynomial and its derivatives up to `order` (`yd[i, m]` = y^(m)(ts[i])),
+    the quadratures, and the same for the forward sensitivities. Rows never reached stay
+    inf (never NaN)."""
 
     ts: Float[Array, " n_save"]
-    ys: Float[Array, "n_save n"]
-    yps: Float[Array, "n_save n"]
+    yd: Float[Array, "n_save order+1 n"]
     qs: Float[Array, "n_save nq"]
+    sd: Float[Array, "n_save k order+1 n"]
+    qsd: Float[Array, "n_save k nq"]
     index: Int[Array, ""]         # next row to fill
+
+    @classmethod
+    def create(cls, ts, n: int, nq: int, k: int, order: int, dtype) -> "Outputs":
+        m = ts.shape[0]
+        inf = jnp.asarray(jnp.inf, dtype)
+        return cls(ts=ts, yd=jnp.full((m, order + 1, n), inf), qs=jnp.full((m, nq), inf),
+                   sd=jnp.full((m, k, order + 1, n), inf), qsd=jnp.full((m, k, nq), inf),
+                   index=jnp.zeros((), jnp.int32))
+
+    @property
+    def ys(self):
+        return self.yd[:, 0]
+
+    @property
+    def yps(self):
+        return self.yd[:, 1]
 
 
 def troundoff(s: State):
@@ -293,50 +431,137 @@ def troundoff(s: State):
     return 100.0 * uround * (jnp.abs(s.t) + jnp.abs(s.h))
 
 
-def write_outputs(s: State, out: Outputs) -> Outputs:
-    """Fill every output row with t_out ≤ t_n (+ roundoff) by IDAS's interpolant."""
+def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
+    """Fill every output row with t_out ≤ t_n (+ roundoff; ≤ t_limit, a terminal
+    event, if given) by IDAS's interpolant (nothing unless the step `passed`).
+
+    The first due row is written in place by a masked update; further rows due in the
+    same step (rare) by a loop behind a `cond`. (A loop carrying the output buffers on
+    every step made XLA's CPU runtime copy them through its thread pool once they grew
+    past ~64 numbers: 3–4x slower solves with many output times.)"""
     n_save = out.ts.shape[0]
     if n_save == 0:
         return out
+    order = out.yd.shape[1] - 1
     limit = s.t + troundoff(s)
+    if t_limit is not None:
+        limit = jnp.minimum(limit, t_limit)
 
-    def cond(o):
-        return (o.index < n_save) & (o.ts[jnp.minimum(o.index, n_save - 1)] <= limit)
+    def due(o):
+        return passed & (o.index < n_save) & (o.ts[jnp.minimum(o.index, n_save - 1)] <= limit)
 
-    def body(o):
-        i = o.index
-        c, d = interpolation_weights(o.ts[i], s.t, s.psi, s.k_used)
-        y, yp = interpolate(s.phi, c, d)
-        q, _ = interpolate(s.phiq, c, d)
-        return Outputs(ts=o.ts, ys=o.ys.at[i].set(y), yps=o.yps.at[i].set(yp),
-                       qs=o.qs.at[i].set(q), index=i + 1)
+    def write_row(o, do):
+        i = jnp.minimum(o.index, n_save - 1)
+        w = derivative_weights(o.ts[i], s.t, s.psi, s.k_used, order)
+        new = dict(yd=o.yd.at[i].set(jnp.where(do, w @ s.phi, o.yd[i])),
+                   index=o.index + do.astype(jnp.int32))
+        # Only the parts that exist.
+        if o.qs is not None and o.qs.size:
+            new["qs"] = o.qs.at[i].set(jnp.where(do, w[0] @ s.phiq, o.qs[i]))
+        if o.sd is not None and o.sd.size:
+            new["sd"] = o.sd.at[i].set(jnp.where(do, jnp.einsum("mj,jkn->kmn", w, s.phis), o.sd[i]))
+        if o.qsd is not None and o.qsd.size:
+            new["qsd"] = o.qsd.at[i].set(jnp.where(do, jnp.tensordot(w[0], s.phiqs, 1), o.qsd[i]))
+        return dataclasses.replace(o, **new)
 
-    return jax.lax.while_loop(cond, body, out)
+    out = write_row(out, due(out))
+    return jax.lax.cond(
+        eqxi.unvmap_any(due(out)),
+        lambda: jax.lax.while_loop(due, lambda o: write_row(o, due(o)), out), lambda: out)
 
 
 def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps: int,
-              recorders: tuple = ()):
-    """Step from `state` until t_end is reached (or passed, unless tstop forbids it),
-    writing outputs on the way and passing every accepted step to each recorder
-    (checkpoints, step buffers). Returns the final state, outputs and recorders."""
+              recorders: tuple = (), events: EventState | None = None):
+    """Step from `state` until t_end is reached (or passed, unless tstop forbids it) or a
+    terminal event stops it (status `RESULTS.event`), writing outputs on the way, locating
+    events on each accepted step, and passing every accepted step to each recorder
+    (checkpoints, step buffers). Returns the final state, outputs, recorders and event
+    state.
 
-    def cond(carry):
-        s, _, _ = carry
-        not_done = (t_end - s.t) > troundoff(s)
-        return not_done & (s.result == RESULTS.successful)
+    Two loops: the inner one takes steps until the next output time is passed, carrying
+    only the (small) step state; the outer one writes the outputs that step made due.
+    A step loop that carried the output buffers made XLA's CPU runtime switch, once they
+    passed ~512 bytes, from sequential to thread-pool execution of every step's
+    operations: 3–4x slower solves with a few dozen output values."""
+    n_save = outputs.ts.shape[0]
 
-    def body(carry):
-        s, out, recs = carry
+    def running(s):
+        return ((t_end - s.t) > troundoff(s)) & (s.result == RESULTS.successful)
+
+    def next_output(out):
+        if n_save == 0:
+            return t_end
+        t_next = out.ts[jnp.minimum(out.index, n_save - 1)]
+        return jnp.where(out.index < n_save, jnp.minimum(t_next, t_end), t_end)
+
+    def step_cond(carry):
+        s, _, _, t_target = carry
+        return running(s) & ((t_target - s.t) > troundoff(s))
+
+    def step_body(carry):
+        s, recs, ev, t_target = carry
         s, passed = attempt_step(problem, s)
-        out = jax.lax.cond(eqxi.unvmap_any(passed), lambda: write_outputs(s, out), lambda: out)
+        if ev is not None:
+            order = ev.yd.shape[1] - 2
+            ev = jax.lax.cond(eqxi.unvmap_any(passed),
+                              lambda: tree_where(passed, search_step(problem.event, problem.args,
+                                                                     s, ev, order), ev),
+                              lambda: ev)
         recs = tuple(r.record(s, passed) for r in recs)
+        if problem.progress:
+            report = passed & (s.stats["num_steps"] % problem.progress == 0)
+            jax.lax.cond(eqxi.unvmap_any(report),
+                         lambda: jax.debug.callback(_print_progress, s.t, t_end,
+                                                    s.stats["num_steps"], s.h_used),
+                         lambda: None)
         hit_max = passed & (s.stats["num_steps"] >= max_steps) & ((t_end - s.t) > troundoff(s))
         result = RESULTS.where(hit_max & (s.result == RESULTS.successful),
                                RESULTS.max_steps_reached, s.result)
+        if ev is not None:
+            result = RESULTS.where(ev.stopped & (result == RESULTS.successful),
+                                   RESULTS.event, result)
         s = eqx.tree_at(lambda z: z.result, s, result)
-        return s, out, recs
+        return s, recs, ev, t_target
 
-    return jax.lax.while_loop(cond, body, (state, outputs, tuple(recorders)))
+    def outer_cond(carry):
+        return running(carry[0])
+
+    def outer_body(carry):
+        s, out, recs, ev = carry
+        s, recs, ev, _ = jax.lax.while_loop(step_cond, step_body,
+                                            (s, recs, ev, next_output(out)))
+        t_limit = None
+        if ev is not None:
+            t_limit = jnp.where(ev.stopped & problem.event.terminal, ev.t[0], jnp.inf)
+        # The rows due now all lie in the last step (the inner loop stops at the first
+        # step that passes the next output time).
+        out = write_outputs(s, out, t_limit, s.stats["num_steps"] > 0)
+        return s, out, recs, ev
+
+    # Empty output arrays (no quadratures / sensitivities) stay out of the loop carry.
+    empty = {f: getattr(outputs, f) for f in ("qs", "sd", "qsd") if getattr(outputs, f).size == 0}
+    outputs = dataclasses.replace(outputs, **{f: None for f in empty})
+    state, outputs, recorders, events = jax.lax.while_loop(
+        outer_cond, outer_body, (state, outputs, tuple(recorders), events))
+    return state, dataclasses.replace(outputs, **empty), recorders, events
+
+
+_last_print = [0.0]
+
+
+def _print_progress(t, t_end, steps, h):
+    """Host side of `progress=`: one line at most every 0.5 s (batched solves report
+    their slowest member)."""
+    import time
+
+    import numpy as np
+    now = time.monotonic()
+    if now - _last_print[0] < 0.5:
+        return
+    _last_print[0] = now
+    t, t_end, steps, h = (np.min(np.asarray(t)), np.max(np.asarray(t_end)),
+                          np.max(np.asarray(steps)), np.min(np.asarray(h)))
+    print(f"daeadjoint: t = {t:.6g} of {t_end:.6g}, {steps} steps, h = {h:.3g}", flush=True)
 
 
 def _write_slot(buffer, i, value, do):
@@ -359,7 +584,7 @@ def restore_linear_state(problem: Problem, s: State) -> State:
 
 class CheckpointRecorder(eqx.Module):
     """Hot-restart checkpoints: the full BDF state (less the LU factors) at steps
-    0, N, 2N, ... (seed 002 §6.2.7.3). Capacity is fixed: ceil(max_steps/N) + 1."""
+    0, N, 2N, ... (IDAS manual §6.2.7.3). Capacity is fixed: ceil(max_steps/N) + 1."""
 
     every: int = eqx.field(static=True)
     states: State
@@ -468,3 +693,44 @@ class StepLog(eqx.Module):
         i = jnp.minimum(self.count, self.t.shape[0] - 1)
         t, h, k = _write_slot((self.t, self.h, self.k), i, (s.t, s.h_used, s.k_used), passed)
         return StepLog(t, h, k, self.count + passed.astype(jnp.int32))
+
+
+class DenseRecorder(eqx.Module):
+    """Every accepted step of a solve for `steps=True` / `dense=True`: the step times and
+    values (t_n, y_n), and with `interpolant` also each step's (φ, ψ, k_used), from which
+    `Solution.evaluate` evaluates IDAS's interpolating polynomial anywhere in [t0, t_n].
+    Capacity max_steps; unreached slots are inf."""
+
+    interpolant: bool = eqx.field(static=True)
+    t: Float[Array, " N+1"]
+    y: Float[Array, "N+1 n"]
+    phi: Float[Array, "N 6 n"]
+    psi: Float[Array, "N 6"]
+    k_used: Int[Array, " N"]
+    count: Int[Array, ""]
+
+    @classmethod
+    def create(cls, state: "State", capacity: int, interpolant: bool):
+        n, dtype = state.phi.shape[1], state.phi.dtype
+        cap_i = capacity if interpolant else 0
+        t = jnp.full((capacity + 1,), jnp.inf, dtype).at[0].set(state.t)
+        y = jnp.full((capacity + 1, n), jnp.inf, dtype).at[0].set(state.phi[0])
+        return cls(interpolant=interpolant, t=t, y=y, phi=jnp.zeros((cap_i, NPHI, n), dtype),
+                   psi=jnp.ones((cap_i, NPHI), dtype), k_used=jnp.ones((cap_i,), jnp.int32),
+                   count=jnp.zeros((), jnp.int32))
+
+    def record(self, s: "State", passed) -> "DenseRecorder":
+        i = jnp.minimum(self.count, self.t.shape[0] - 2)
+        t, y = _write_slot((self.t, self.y), i + 1, (s.t, s.phi[0]), passed)
+        new = dataclasses.replace(self, t=t, y=y, count=self.count + passed.astype(jnp.int32))
+        if self.interpolant:
+            phi, psi, k = _write_slot((self.phi, self.psi, self.k_used), i,
+                                      (s.phi, s.psi, s.k_used), passed)
+            new = dataclasses.replace(new, phi=phi, psi=psi, k_used=k)
+        return new
+
+    def evaluate(self, t, order: int = 0):
+        """y^(order)(t) by the interpolant of the step [t_{i−1}, t_i] containing t."""
+        i = jnp.clip(jnp.searchsorted(self.t, t), 1, jnp.maximum(self.count, 1))
+        w = derivative_weights(t, self.t[i], self.psi[i - 1], self.k_used[i - 1], order)
+        return w[order] @ self.phi[i - 1]

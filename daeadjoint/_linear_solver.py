@@ -1,23 +1,115 @@
-"""Linear algebra of the Newton iteration: the iteration matrix J = F_y + cj F_y'.
+"""Linear algebra of the Newton iterations: the one interface every linear solver follows.
 
-Seed 002 eq. (6.7): each Newton iteration solves J δ = -G with J = ∂F/∂y + cj ∂F/∂y',
-cj = α_{n,0}/h_n. A linear solver here is an `eqx.Module` with three pure methods:
+Every linear system daeadjoint solves has the matrix of some residual R(t, y, y', args)
+linearized as
 
-- `setup(residual, t, y, yp, cj, args) -> state`: build and factorize J (the IDAS
-  "lsetup"), returning a pytree of fixed shape that the integrator carries between steps
-  so the factorization can be reused while cj/cj_old stays in [3/5, 5/3];
-- `solve(state, rhs, transpose=False) -> x`: one solve with J (or Jᵀ, for the adjoint);
-- `is_singular(state) -> bool`: whether the factorization failed.
+    J = ∂R/∂y + cj ∂R/∂y'                              (IDAS manual eq. (6.7))
+
+— the forward Newton iteration (R = F), the forward-sensitivity correctors (the same J),
+the adjoint Newton iteration (Jᵀ), and, with cj = 0 and the masked residual of
+`masked_residual`, the matrices of consistent initialization, of consistent initial
+sensitivities and of the adjoint's jumps at observation times. A linear solver is an
+`eqx.Module` (its configuration) implementing `AbstractLinearSolver`; one solver therefore
+serves all of them, forward and transposed.
 """
 
+import abc
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import lineax as lx
 from jaxtyping import Array, Bool, Float
+
+
+class AbstractLinearSolver(eqx.Module):
+    """How the linear systems J x = b (or Jᵀ x = b) with J = R_y + cj R_y' are solved.
+
+    Subclasses implement three pure methods (and may override `auxiliary`):
+
+    - `setup(residual, t, y, yp, cj, args) -> state`: build (and factorize, or set up a
+      preconditioner for) J of `residual` at the point (t, y, y') — IDAS's "lsetup". The
+      state is a pytree of arrays of fixed shape: the integrator carries it between steps
+      and reuses it while cj/cj_old stays in [3/5, 5/3] (modified Newton).
+    - `solve(state, rhs, *, transpose=False, weights=None, operator=None) -> (x, stats)`:
+      one solve with J, or with Jᵀ when `transpose` (the adjoint). `weights` are the WRMS
+      weights of x (iterative solvers stop on ‖P⁻¹(J x − b)‖_WRMS ≤ 0.05·0.33, IDAS's
+      epslin); `operator` is v ↦ J v at the *current* iterate, given by every caller
+      when `matrix_free` is True (the solver transposes it itself with
+      `jax.linear_transpose` when needed); matrix-based solvers ignore both. `stats` is a
+      dict with exactly the keys `stat_names` (int32 counters, e.g. Krylov iterations),
+      summed by the caller into `Solution.stats`.
+    - `is_singular(state) -> bool`: whether the set-up matrix is (numerically) singular;
+      the Newton iteration treats it as a convergence failure, and repeated failures give
+      `RESULTS.singular_matrix` (index > 1, or algebraic equations that do not determine
+      the algebraic variables).
+    - `auxiliary() -> AbstractLinearSolver`: the solver for the *other* matrices built from
+      the residual through `masked_residual` (consistent initialization, initial
+      sensitivities, the adjoint's jumps). User-supplied Jacobians or preconditioners are
+      for the iteration matrix of F only, so solvers that hold them return a copy without.
+
+    Attributes (class attributes or properties): `matrix_free` (True: J is applied at
+    the current iterate, so the Newton update is not rescaled by 2/(1 + cj/cj_old), as
+    IDAS does for iterative solvers), `needs_operator` (callers must pass `operator`;
+    defaults to `matrix_free`) and `stat_names`.
+    """
+
+    matrix_free: ClassVar[bool] = False
+    stat_names: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def needs_operator(self) -> bool:
+        return self.matrix_free
+
+    @abc.abstractmethod
+    def setup(self, residual, t, y, yp, cj, args) -> Any:
+        ...
+
+    @abc.abstractmethod
+    def solve(self, state, rhs, *, transpose: bool = False, weights=None, operator=None):
+        ...
+
+    @abc.abstractmethod
+    def is_singular(self, state) -> Bool[Array, ""]:
+        ...
+
+    def auxiliary(self) -> "AbstractLinearSolver":
+        return self
+
+
+def masked_residual(residual, y, yp, y_mask) -> Callable:
+    """The residual whose iteration matrix at cj = 0 is C = R_y diag(m) + R_y' diag(1 − m).
+
+    `(t, v, w, args) ↦ residual(t, y + m∘v, y' + (1 − m)∘v, args)` linearized at v = 0:
+    its J = ∂/∂v (w is unused). With m the algebraic mask, C is the Jacobian of IDAS's
+    consistent initialization in mode YA_YDP (unknowns y_a and y'_d), Cᵀ is the matrix M
+    of the adjoint's consistent jumps (Li & Petzold, DASPKADJOINT, §4.1); with m = 1 it is
+    R_y (mode Y). Its sparsity and bandwidth are within those of R_y + cj R_y', so every
+    solver set up for the iteration matrix can factor it too."""
+    m = y_mask.astype(y.dtype)
+
+    def fn(t, v, w, args):
+        del w
+        return residual(t, y + m * v, yp + (1 - m) * v, args)
+
+    return fn
+
+
+def setup_masked(solver: AbstractLinearSolver, residual, t, y, yp, args, y_mask):
+    """`solver.auxiliary()` set up for C of `masked_residual` at (t, y, y'); returns the
+    auxiliary solver, its state, and the masked residual (for `operator`s)."""
+    aux = solver.auxiliary()
+    fn = masked_residual(residual, y, yp, y_mask)
+    zero = jnp.zeros_like(y)
+    return aux, aux.setup(fn, t, zero, zero, jnp.zeros((), y.dtype), args), fn
+
+
+def operator_of(residual, t, y, yp, cj, args) -> Callable:
+    """v ↦ J v = R_y v + cj R_y' v at (t, y, y') by one `jax.linearize` (for `operator`)."""
+    _, lin = jax.linearize(lambda v: residual(t, y + v, yp + cj * v, args), jnp.zeros_like(y))
+    return lin
 
 
 def iteration_matrix(residual, t, y, yp, cj, args) -> Float[Array, "n n"]:
@@ -33,8 +125,12 @@ def iteration_matrix(residual, t, y, yp, cj, args) -> Float[Array, "n n"]:
     return jax.jacfwd(shifted)(jnp.zeros_like(y))
 
 
-class DenseLU(eqx.Module):
-    """Dense LU factorization (lineax `LU`) of J; J from `jax.jacfwd` of the residual.
+class DenseLU(AbstractLinearSolver):
+    """Dense LU factorization of J, built by one `jax.jacfwd` of the residual.
+
+    Rows are equilibrated before factorizing (see `factor`); n ≤ 8 uses an explicit
+    Gauss–Jordan inverse, larger n lineax's LU. O(n²) memory and O(n³) per setup: the
+    right choice up to a few hundred unknowns, or for dense Jacobians.
 
     **Arguments:**
 
@@ -51,11 +147,14 @@ class DenseLU(eqx.Module):
             matrix = jnp.asarray(self.jac(t, y, yp, cj, args), dtype=y.dtype)
         return factor(matrix)
 
-    def solve(self, state, rhs: Float[Array, " n"], transpose: bool = False):
-        return factored_solve(state, rhs, transpose)
+    def solve(self, state, rhs, *, transpose=False, weights=None, operator=None):
+        return factored_solve(state, rhs, transpose), {}
 
     def is_singular(self, state) -> Bool[Array, ""]:
         return factored_is_singular(state)
+
+    def auxiliary(self) -> "DenseLU":
+        return DenseLU()
 
 
 SMALL_N = 8

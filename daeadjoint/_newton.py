@@ -1,4 +1,4 @@
-"""Modified Newton iteration of one BDF step (seed 002 §6.2.2.1).
+"""Modified Newton iteration of one BDF step (IDAS manual §6.2.2.1).
 
 Solves G(y_n) = F(t_n, y_(0) + e, y'_(0) + cj e) = 0 for the correction e to the
 predictor, with the iteration matrix J = F_y + cj_old F_y' of the last setup:
@@ -44,11 +44,17 @@ class NewtonResult(eqx.Module):
     num_residual_evals: jax.Array
     num_jacobian_evals: jax.Array
     num_iters: jax.Array
+    linear_stats: dict    # the linear solver's `stat_names` counters
 
 
 def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
-                 lin_state, jac_point, cj_old, ss, force_setup) -> NewtonResult:
-    """Run the modified Newton iteration from e = 0. See the module docstring."""
+                 lin_state, jac_point, cj_old, ss, force_setup, linear: bool = False) -> NewtonResult:
+    """Run the modified Newton iteration from e = 0. See the module docstring.
+
+    `linear`: the residual is linear in y (the adjoint DAE). With J set up at this t and
+    cj, one iteration is then exact (Li & Petzold, DASPKADJOINT §5.3), and the rate test
+    would only measure roundoff — which, for badly conditioned J, can look like
+    divergence — so the first such iteration is accepted."""
     int_ = jnp.int32
 
     def cond(c):
@@ -71,9 +77,19 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         ss_ = jnp.where(do_setup, 20.0, c["ss"])
         jcur = c["jcur"] | do_setup
 
-        g = residual(t, y_pred + ee, yp_pred + cj * ee, args)
+        y_it, yp_it = y_pred + ee, yp_pred + cj * ee
+        if linear_solver.needs_operator:
+            g, operator = jax.linearize(lambda v: residual(t, y_it + v, yp_it + cj * v, args),
+                                        jnp.zeros_like(ee))
+        else:
+            g, operator = residual(t, y_it, yp_it, args), None
+        # A matrix-based J was built with cj_old: IDAS rescales the update by
+        # 2/(1 + cj/cj_old). Matrix-free solvers apply J at the current iterate and cj
+        # (inexact Newton), so their update is not rescaled.
+        scale = 1.0 if linear_solver.matrix_free else 2.0 / (1.0 + cj / cj_old_)
         finite = jnp.all(jnp.isfinite(g))
-        delta = -linear_solver.solve(lin, g) * (2.0 / (1.0 + cj / cj_old_))
+        x, lin_stats = linear_solver.solve(lin, -g, weights=ewt, operator=operator)
+        delta = x * scale
         ee_new = ee + delta
         delnrm = wrms(delta, ewt)
         m = c["m"]
@@ -84,10 +100,15 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         converged = (first & (delnrm <= 1e-4 * TOLDEL)) | (~diverging & (ss_ * delnrm <= EPS_NEWT))
         bad = singular | ~finite | ~jnp.isfinite(delnrm)
         failed = bad | diverging | (~converged & (m + 1 >= MAX_ITERS))
+        if linear:
+            converged = converged | (do_setup & (cj_old_ == cj))
+            failed = failed & ~converged
         converged = converged & ~bad
         retry = failed & ~jcur
-        fail_kind = jnp.where(singular, FAIL_SINGULAR,
-                              jnp.where(~finite, FAIL_NONFINITE, FAIL_CONVERGENCE))
+        # A NaN residual usually also poisons J (whose factorization then looks
+        # singular): report the cause, not the symptom.
+        fail_kind = jnp.where(~finite, FAIL_NONFINITE,
+                              jnp.where(singular, FAIL_SINGULAR, FAIL_CONVERGENCE))
         status = jnp.where(converged, 1, jnp.where(failed & ~retry, 2, 0)).astype(int_)
         return dict(
             ee=jnp.where(retry, 0.0, ee_new),
@@ -96,6 +117,7 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
             ss=ss_, lin=lin, jac_point=jac_point, cj_old=cj_old_, jcur=jcur & ~retry, setup=retry,
             status=status, fail_kind=fail_kind.astype(int_),
             nre=c["nre"] + 1, nje=c["nje"] + do_setup.astype(int_), nni=c["nni"] + 1,
+            lin_stats={k: c["lin_stats"][k] + lin_stats[k] for k in c["lin_stats"]},
         )
 
     zero = jnp.zeros((), int_)
@@ -103,10 +125,12 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         ee=jnp.zeros_like(y_pred), m=zero, oldnrm=jnp.ones((), y_pred.dtype), ss=ss,
         lin=lin_state, jac_point=jac_point, cj_old=cj_old, jcur=jnp.zeros((), bool), setup=force_setup,
         status=zero, fail_kind=zero, nre=zero, nje=zero, nni=zero,
+        lin_stats={k: zero for k in linear_solver.stat_names},
     )
     out = jax.lax.while_loop(cond, body, init)
     return NewtonResult(
         ee=out["ee"], converged=out["status"] == 1, fail_kind=out["fail_kind"],
         lin_state=out["lin"], jac_point=out["jac_point"], cj_old=out["cj_old"], ss=out["ss"],
         num_residual_evals=out["nre"], num_jacobian_evals=out["nje"], num_iters=out["nni"],
+        linear_stats=out["lin_stats"],
     )

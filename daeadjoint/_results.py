@@ -6,42 +6,103 @@ import equinox as eqx
 class RESULTS(eqx.Enumeration):
     """Why a solve stopped. `RESULTS.successful` is the only success.
 
-    Each failure carries the message that `throw=True` raises; with `throw=False` the
-    solution object still holds everything computed up to the failure.
+    Each failure carries the message that `throw=True` raises (it starts with the item's
+    name, so `repr(sol.result)` is readable); with `throw=False` the solution object
+    still holds everything computed up to the failure.
     """
 
-    successful = ""
+    successful = "successful"
+    event = "event: a terminal event stopped the solve (a success: see sol.event_t)."
     max_steps_reached = (
-        "The maximum number of steps was reached before t1. Increase `max_steps`, or "
-        "loosen the tolerances if the problem is stiff and being solved very accurately."
+        "max_steps_reached: the maximum number of steps was reached before t1. Increase "
+        "`max_steps`, or loosen the tolerances if the problem is stiff and being solved "
+        "very accurately."
     )
     error_test_failures = (
-        "The local error test failed 10 times in one step (IDAS IDA_ERR_FAIL): the "
-        "solution may be singular here, or the tolerances cannot be met."
+        "error_test_failures: the local error test failed 10 times in one step (IDAS "
+        "IDA_ERR_FAIL): the solution may be singular here, or the tolerances cannot be met."
     )
     convergence_failures = (
-        "The Newton iteration failed to converge 10 times in one step (IDAS "
-        "IDA_CONV_FAIL): the residual may be badly scaled or non-smooth, or the "
-        "initial conditions inconsistent."
+        "convergence_failures: the Newton iteration failed to converge 10 times in one step "
+        "(IDAS IDA_CONV_FAIL): the residual may be badly scaled or non-smooth."
+    )
+    constraint_failures = (
+        "constraint_failures: the inequality `constraints` could not be met: the step was "
+        "reduced 10 times (or reached min_step) with the corrected y still violating them "
+        "(IDAS IDA_CONSTR_FAIL)."
     )
     singular_matrix = (
-        "The iteration matrix dF/dy + cj dF/dy' is singular at every step size tried: "
-        "the DAE has index > 1, or its algebraic equations are inconsistent or do not "
-        "determine the algebraic variables."
+        "singular_matrix: the iteration matrix dF/dy + cj dF/dy' is singular at every step "
+        "size tried: the DAE has index > 1, its algebraic equations are inconsistent or do "
+        "not determine the algebraic variables, or its Jacobian is not finite there."
     )
     nonfinite_residual = (
-        "The residual returned NaN or inf at every step size tried (e.g. a log or sqrt "
-        "of a negative state)."
+        "nonfinite_residual: the residual returned NaN or inf at every step size tried: the "
+        "solution left the residual's domain (e.g. the log or sqrt of a state that went "
+        "negative) or blew up; look at sol.stats['t_final'] and the partial solution."
     )
     step_size_too_small = (
-        "The step size underflowed: t + h == t in floating point (IDAS 't + h = t')."
+        "step_size_too_small: the step size underflowed, t + h == t in floating point "
+        "(IDAS 't + h = t'): the solution is likely singular (blowing up) here."
     )
     tolerance_too_small = (
-        "The requested accuracy cannot be reached in this floating-point precision "
-        "(IDAS IDA_TOO_MUCH_ACC): increase rtol/atol or use float64."
+        "tolerance_too_small: the requested accuracy cannot be reached in this "
+        "floating-point precision (IDAS IDA_TOO_MUCH_ACC): increase rtol/atol or use float64."
     )
     initialization_failed = (
-        "Consistent initialization (`init=`) did not converge: the algebraic equations "
-        "have no solution near the given guess, or the DAE is not index 1 in the "
-        "variables marked `algebraic`."
+        "initialization_failed: consistent initialization (`init=`) did not converge: the "
+        "algebraic equations have no solution near the given guess, or the DAE is not "
+        "index 1 in the variables marked `algebraic`."
     )
+    inconsistent_initial_conditions = (
+        "inconsistent_initial_conditions: the first step failed and (y0, yp0) does not "
+        "satisfy F(t0, y0, yp0) = 0 to the tolerances: pass init='ya_ydp' (given the "
+        "differential part of y0, or yp0=None), or init='y' (given yp0) to compute "
+        "consistent values."
+    )
+    nonfinite_initial_residual = (
+        "nonfinite_initial_residual: the residual is NaN or inf at t0 for the initial "
+        "values (y0, yp0): they lie outside the residual's domain (e.g. sqrt or log of a "
+        "negative number)."
+    )
+    initial_values_violate_constraints = (
+        "initial_values_violate_constraints: y0 does not satisfy `constraints` (IDAS "
+        "rejects such a start; with init=, the initialization enforces them)."
+    )
+    nonfinite_input = (
+        "nonfinite_input: t0, t1, saveat, y0 or yp0 contains NaN or inf (checked at run "
+        "time because they were traced)."
+    )
+    invalid_interval = (
+        "invalid_interval: t1 <= t0 (checked at run time because they were traced). To "
+        "integrate backward, substitute s = -t: residual F(-s, y, -y', args)."
+    )
+    invalid_saveat = (
+        "invalid_saveat: a `saveat` time lies outside [t0, t1], or the times are not sorted "
+        "(checked at run time because they were traced)."
+    )
+    invalid_tolerance = (
+        "invalid_tolerance: rtol/atol are negative, not finite, or both zero (checked at "
+        "run time because they were traced)."
+    )
+    invalid_tstop = "invalid_tstop: tstop < t1 (checked at run time because they were traced)."
+    singular_initial_sensitivity = (
+        "singular_initial_sensitivity: consistent initial sensitivities need the matrix "
+        "F_y diag(a) + F_y' diag(1 - a) (a: the algebraic mask) to be nonsingular; it is "
+        "singular, so the DAE is not index 1 in the variables marked `algebraic`."
+    )
+    adjoint_failed = (
+        "adjoint_failed: the backward (adjoint) integration failed; try looser adjoint "
+        "tolerances (Adjoint(rtol=..., atol=...)), more max_steps, or "
+        "sensitivity=DiscreteAdjoint()."
+    )
+    unsupported_cotangent = (
+        "unsupported_cotangent: the continuous adjoint cannot take cotangents on y' of "
+        "algebraic components (sol.yps[:, algebraic]) or third-order derivatives through "
+        "saveat; use sensitivity=DiscreteAdjoint() or forward mode (jax.jacfwd)."
+    )
+
+
+def succeeded(result):
+    """The solve did what was asked: reached t1, or stopped at a terminal event."""
+    return (result == RESULTS.successful) | (result == RESULTS.event)

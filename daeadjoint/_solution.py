@@ -3,7 +3,10 @@
 from typing import Any
 
 import equinox as eqx
-from jaxtyping import Array, Float
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 
 class Solution(eqx.Module):
@@ -18,9 +21,20 @@ class Solution(eqx.Module):
       `num_jacobian_evals`, `num_nonlinear_iters`, `num_error_test_failures`,
       `num_nonlinear_convergence_failures`, `num_quadrature_evals`) and `t_final`, the
       last time reached (≥ t1 on success: the integrator may step past t1 unless `tstop`).
-    - `result`: a `RESULTS` item; `RESULTS.successful` on success. On failure with
-      `throw=False`, rows of `ys`/`yps`/`qs` at times the solver never reached are `inf`
-      (never NaN), and `stats["t_final"]` says how far it got.
+    - `result`: a `RESULTS` item; `RESULTS.successful` on success (`RESULTS.event` when a
+      terminal event stopped the solve, also a success). On failure with `throw=False`,
+      rows of `ys`/`yps`/`qs` at times the solver never reached are `inf` (never NaN),
+      `stats["t_final"]` says how far it got, and derivatives are NaN.
+    - `event_t`, `event_y`, `event_yp`, `event_mask`: with `event=`, the first root t*
+      (`inf` if none), y(t*), y'(t*) and which components of `cond` crossed zero there;
+      all differentiable (the implicit function theorem on cond = 0). `event_ts`,
+      `event_ys`, `event_yps`, `event_masks`: every recorded root (`Event.max_roots`).
+      None without an event.
+    - `step_ts`, `step_ys` (with `steps=True` or `dense=True`): the accepted step
+      sequence (t_n, y_n), n = 0 … num_steps, then inf; and `evaluate(t)` (with
+      `dense=True`): the solution anywhere in [t0, t_final] from the stored interpolating
+      polynomials. These depend on step-size decisions, so they are not differentiable
+      (differentiating them raises); differentiate `ys` at `saveat` instead.
     """
 
     ts: Float[Array, " n_save"]
@@ -29,3 +43,74 @@ class Solution(eqx.Module):
     qs: Float[Array, "n_save nq"] | None
     stats: dict[str, Any]
     result: Any
+    event_t: Float[Array, ""] | None = None
+    event_y: Float[Array, " n"] | None = None
+    event_yp: Float[Array, " n"] | None = None
+    event_mask: Bool[Array, " n_ev"] | None = None
+    event_ts: Float[Array, " R"] | None = None
+    event_ys: Float[Array, "R n"] | None = None
+    event_yps: Float[Array, "R n"] | None = None
+    event_masks: Bool[Array, "R n_ev"] | None = None
+    dense: Any = None
+    # 0·Σ(differentiable inputs): its tangent is nonzero-structured exactly when the
+    # solve is being differentiated, which the step-data accessors refuse.
+    sentinel: Any = None
+
+    @property
+    def step_ts(self):
+        return None if self.dense is None else self._guard(self.dense.t, "sol.step_ts")
+
+    @property
+    def step_ys(self):
+        return None if self.dense is None else self._guard(self.dense.y, "sol.step_ys")
+
+    def _guard(self, x, what):
+        return _no_derivative(x, self.sentinel, what)
+
+    def evaluate(self, t: ArrayLike, derivative: int = 0):
+        """y(t) (or y^(derivative)(t), derivative ≤ 5) for t in [t0, t_final], from the
+        stored interpolants (needs `solve(..., dense=True)`); t may be an array."""
+        if self.dense is None or not self.dense.interpolant:
+            raise ValueError("Solution.evaluate needs solve(..., dense=True).")
+        dense = self._guard(self.dense, "Solution.evaluate")
+        t = jnp.asarray(t, dense.t.dtype)
+        fn = lambda tau: dense.evaluate(tau, derivative)  # noqa: E731
+        return fn(t) if t.ndim == 0 else jax.vmap(fn)(t.reshape(-1)).reshape(t.shape + (-1,))
+
+    def __repr__(self):
+        def shape(x):
+            return None if x is None else tuple(np.shape(x))
+
+        try:
+            result = repr(self.result).split("<")[-1].split(":")[0].rstrip(">")
+            steps = int(self.stats["num_steps"])
+            t_final = float(self.stats["t_final"])
+            extra = f", num_steps={steps}, t_final={t_final:.6g}"
+        except Exception:   # noqa: BLE001 - traced or batched: shapes only
+            result, extra = "traced", ""
+        parts = [f"result={result}{extra}", f"ts={shape(self.ts)}", f"ys={shape(self.ys)}"]
+        if self.qs is not None:
+            parts.append(f"qs={shape(self.qs)}")
+        if self.event_ts is not None:
+            parts.append(f"event_ts={shape(self.event_ts)}")
+        return "Solution(" + ", ".join(parts) + ")"
+
+
+def _no_derivative(x, sentinel, what: str):
+    """x itself; raises if `sentinel` (see `Solution.sentinel`) carries a tangent, i.e.
+    the solve is being differentiated: step data depend on the step sizes, whose
+    derivatives the solver never takes, and a zero derivative would be silently wrong."""
+
+    @jax.custom_jvp
+    def guard(s):
+        return s
+
+    @guard.defjvp
+    def guard_jvp(primals, tangents):
+        raise ValueError(
+            f"daeadjoint: {what} is not differentiable (it depends on the step sizes, "
+            "which are never differentiated); differentiate sol.ys at `saveat` times.")
+
+    if sentinel is not None:
+        guard(sentinel)
+    return x

@@ -1,6 +1,8 @@
-"""The public entry point `solve`: input checks, consistent initialization, the forward
-integration, and the choice of how derivatives are computed."""
+"""The public entry point `solve`: input checks, the working precision, the compiled and
+cached solve, and the dense output's dependence on the output times."""
 
+import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -8,20 +10,31 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike
 
-from ._adjoint import Adjoint, backward
-from ._discrete_adjoint import DiscreteAdjoint, discrete_backward
-from ._initialization import consistent_initial_conditions
-from ._integrator import (CheckpointRecorder, Outputs, Problem, StepLog, initial_state,
-                          initial_step, integrate, write_outputs)
-from ._linear_solver import DenseLU
-from ._results import RESULTS
+from ._adjoint import Adjoint
+from ._autodiff import solve_core
+from ._core import Config, Inputs
+from ._discrete_adjoint import DiscreteAdjoint
+from ._consistency import unknown_mask
+from ._forward_sensitivity import ForwardSensitivity
+from ._initialization import SUCCESS, failure_messages, message_index
+from ._linear_solver import AbstractLinearSolver, DenseLU
+from ._events import Event
+from ._results import RESULTS, succeeded
 from ._solution import Solution
 
 _INIT_MODES = (None, "ya_ydp", "y")
 # Below this multiple of machine epsilon the Newton tests (0.33·tol) and the error test
 # drown in rounding: the corrections they accept are no longer resolved.
 _MIN_RTOL_EPS = 100.0
+# With more output times than this the default reverse mode is the discrete adjoint,
+# whose cost does not grow with the number of observations (the continuous adjoint
+# restarts at each one: Calver & Enright).
+MANY_OBSERVATIONS = 32
+# Derivatives of the dense output y^(m)(t_i) carried by the core: y, y', y''. The
+# saveat-time Taylor shift below is exact to this order.
+DENSE_ORDER = 2
 
 
 def _concrete(x):
@@ -32,27 +45,50 @@ def _concrete(x):
         return None
 
 
+def _working_dtype(residual, t0, y0, yp0, args):
+    """The promoted dtype of y0, yp0 and the residual's output (e.g. float32 y0 with
+    float64 parameters works in float64, as jnp arithmetic would)."""
+    dtype = y0.dtype if yp0 is None else jnp.result_type(y0, yp0)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        dtype = jnp.result_type(float)
+    y = jax.ShapeDtypeStruct(y0.shape, dtype)
+    try:
+        out = eqx.filter_eval_shape(residual, jax.ShapeDtypeStruct((), dtype), y, y, args)
+    except Exception as e:   # noqa: BLE001 - report the user's error with context
+        raise type(e)(f"daeadjoint: calling residual(t, y, yp, args) failed: {e}") from e
+    if not (hasattr(out, "shape") and hasattr(out, "dtype")):
+        raise ValueError("`residual` must return an array shaped like y "
+                         f"{y0.shape}; it returned {type(out).__name__}.")
+    if out.shape != y0.shape:
+        raise ValueError(
+            f"`residual` must return an array shaped like y {y0.shape}; it returned {out.shape}.")
+    if jnp.issubdtype(out.dtype, jnp.floating):
+        dtype = jnp.result_type(dtype, out.dtype)
+    return dtype
+
+
 def _check_inputs(residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quadrature,
                   rtol, atol, tstop, max_steps):
     """Every check that can be made before tracing, each with a message naming the
-    argument. Returns the arrays converted to the working dtype."""
+    argument. Returns the arrays converted to the working dtype. (Values only known at
+    run time are checked again inside the solve: `_core.input_status`.)"""
     if not callable(residual):
         raise TypeError("`residual` must be a function residual(t, y, yp, args) -> array.")
     y0 = jnp.asarray(y0)
-    if not jnp.issubdtype(y0.dtype, jnp.floating):
-        y0 = y0.astype(jnp.result_type(float))
     if y0.ndim != 1:
         raise ValueError(f"`y0` must be a 1-D array, got shape {y0.shape}.")
     n = y0.shape[0]
     if n == 0:
         raise ValueError("`y0` is empty: there is nothing to integrate.")
-    dtype = y0.dtype
     if yp0 is not None:
-        yp0 = jnp.asarray(yp0, dtype)
+        yp0 = jnp.asarray(yp0)
         if yp0.shape != y0.shape:
             raise ValueError(f"`yp0` has shape {yp0.shape} but `y0` has shape {y0.shape}.")
     if init not in _INIT_MODES:
         raise ValueError(f"`init` must be one of None, 'ya_ydp', 'y'; got {init!r}.")
+    dtype = _working_dtype(residual, t0, y0, yp0, args)
+    y0 = y0.astype(dtype)
+    yp0 = None if yp0 is None else yp0.astype(dtype)
     t0 = jnp.asarray(t0, dtype)
     t1 = jnp.asarray(t1, dtype)
     if t0.ndim or t1.ndim:
@@ -115,15 +151,9 @@ def _check_inputs(residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quad
             raise ValueError(f"`tstop` ({float(cts)}) must be >= t1 ({float(ct1)}).")
     if not (isinstance(max_steps, (int, np.integer)) and max_steps > 0):
         raise ValueError(f"`max_steps` must be a positive integer, got {max_steps!r}.")
-
-    yp_probe = y0 if yp0 is None else yp0
-    out = jax.eval_shape(residual, t0, y0, yp_probe, args)
-    if not (hasattr(out, "shape") and out.shape == y0.shape):
-        shape = getattr(out, "shape", type(out).__name__)
-        raise ValueError(
-            f"`residual` must return an array shaped like y {y0.shape}; it returned {shape}.")
     if quadrature is not None:
-        qout = jax.eval_shape(quadrature, t0, y0, yp_probe, args)
+        y = jax.ShapeDtypeStruct((n,), dtype)
+        qout = eqx.filter_eval_shape(quadrature, jax.ShapeDtypeStruct((), dtype), y, y, args)
         if not (hasattr(qout, "shape") and len(qout.shape) == 1):
             raise ValueError(
                 "`quadrature` must return a 1-D array q(t, y, yp, args); it returned "
@@ -131,157 +161,208 @@ def _check_inputs(residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quad
     return t0, t1, y0, yp0, saveat, algebraic, rtol, atol, tstop
 
 
-class _Static(eqx.Module):
-    """The non-array configuration of a solve (hashable; part of the compiled program)."""
-
-    residual: Callable = eqx.field(static=True)
-    quadrature: Callable | None = eqx.field(static=True)
-    init: str | None = eqx.field(static=True)
-    max_steps: int = eqx.field(static=True)
-    suppress_algebraic_error: bool = eqx.field(static=True)
-    quad_error_control: bool = eqx.field(static=True)
-
-
-def build_problem(static: _Static, linear_solver, t0, y0, yp0, args, algebraic, rtol, atol,
-                  quad_rtol, quad_atol, tstop) -> Problem:
-    dtype = y0.dtype
-    error_mask = jnp.where(algebraic & static.suppress_algebraic_error, 0.0, 1.0).astype(dtype)
-    nq = 0
-    if static.quadrature is not None:
-        nq = jax.eval_shape(static.quadrature, t0, y0, yp0, args).shape[0]
-    return Problem(
-        residual=static.residual, quadrature=static.quadrature, linear_solver=linear_solver,
-        args=args, rtol=rtol, atol=atol, error_mask=error_mask,
-        quad_rtol=jnp.broadcast_to(jnp.asarray(quad_rtol, dtype), ()),
-        quad_atol=jnp.broadcast_to(jnp.asarray(quad_atol, dtype), (nq,)),
-        quad_error_control=static.quad_error_control, tstop=tstop,
-    )
+def _check_event(event, residual, t0, y0, args):
+    if event is None:
+        return None
+    if not isinstance(event, Event):
+        raise TypeError(f"`event` must be daeadjoint.Event(cond, ...), got {event!r}.")
+    y = jax.ShapeDtypeStruct(y0.shape, y0.dtype)
+    out = eqx.filter_eval_shape(event.cond, jax.ShapeDtypeStruct((), y0.dtype), y, y, args)
+    if not hasattr(out, "shape") or len(out.shape) > 1:
+        raise ValueError("Event `cond(t, y, yp, args)` must return a scalar or a 1-D array; "
+                         f"it returned {getattr(out, 'shape', type(out).__name__)}.")
+    n_ev = max(1, int(np.prod(out.shape)))
+    if isinstance(event.direction, tuple) and len(event.direction) != n_ev:
+        raise ValueError(f"Event(direction=...) has {len(event.direction)} entries but cond "
+                         f"returns {n_ev}.")
+    return event
 
 
-def forward_solve(static: _Static, linear_solver, t0, t1, y0, yp0, args, saveat,
-                  algebraic, rtol, atol, quad_rtol, quad_atol, tstop, checkpoint_every=None,
-                  log_steps=False):
-    """Consistent initialization (if asked) and the forward integration; pure JAX.
-
-    Returns (solution, final BDF state, recorder or None, consistent (y0, y'0)); the
-    recorder holds checkpoints (`checkpoint_every`) or the step sequence (`log_steps`)."""
-    init_ok = jnp.ones((), bool)
-    if static.init is not None:
-        y0, yp0, init_ok = consistent_initial_conditions(
-            static.residual, t0, y0, yp0, args, algebraic, static.init, rtol, atol)
-    problem = build_problem(static, linear_solver, t0, y0, yp0, args, algebraic, rtol, atol,
-                            quad_rtol, quad_atol, tstop)
-    # IDAS bases the first step on the distance to the first output time.
-    t_out = jnp.min(jnp.where(saveat > t0, saveat, t1))
-    qp0 = problem.quad(t0, y0, yp0)
-    h0 = initial_step(problem, t0, y0, yp0, qp0, t_out)
-    state = initial_state(problem, t0, y0, yp0, h0)
-    state = eqx.tree_at(lambda s: s.result, state,
-                        RESULTS.where(init_ok, RESULTS.successful, RESULTS.initialization_failed))
-    n_save, n, nq = saveat.shape[0], y0.shape[0], qp0.shape[0]
-    inf = jnp.asarray(jnp.inf, y0.dtype)
-    outputs = Outputs(ts=saveat, ys=jnp.full((n_save, n), inf), yps=jnp.full((n_save, n), inf),
-                      qs=jnp.full((n_save, nq), inf), index=jnp.zeros((), jnp.int32))
-    outputs = write_outputs(state, outputs)     # rows at t0
-    recorders = ()
-    if checkpoint_every is not None:
-        recorders = (CheckpointRecorder.create(state, checkpoint_every, static.max_steps),)
-    elif log_steps:
-        recorders = (StepLog.create(static.max_steps, y0.dtype),)
-    state, outputs, recorders = integrate(problem, state, outputs, t1, static.max_steps, recorders)
-    stats = dict(state.stats)
-    stats["t_final"] = state.t
-    sol = Solution(ts=saveat, ys=outputs.ys, yps=outputs.yps,
-                   qs=outputs.qs if static.quadrature is not None else None,
-                   stats=stats, result=state.result)
-    checkpoints = recorders[0] if recorders else None
-    return sol, state, checkpoints, (y0, yp0)
+def _check_step_options(y0, constraints, max_step, min_step, first_step, max_order):
+    """The IDAS optional inputs: clear errors before tracing, arrays of the working dtype."""
+    n, dtype = y0.shape[0], y0.dtype
+    if constraints is not None:
+        constraints = jnp.asarray(constraints)
+        if constraints.shape != (n,) or not jnp.issubdtype(constraints.dtype, jnp.integer):
+            raise ValueError(f"`constraints` must be an integer array of shape ({n},) with "
+                             f"entries in {{0, ±1, ±2}}; got {constraints.dtype} of shape "
+                             f"{constraints.shape}.")
+        cc = _concrete(constraints)
+        if cc is not None and not np.all(np.isin(cc, [-2, -1, 0, 1, 2])):
+            raise ValueError(f"`constraints` entries must be 0, ±1 or ±2; got {np.unique(cc)}.")
+        cy = _concrete(y0)
+        if cc is not None and cy is not None:
+            bad = ((np.abs(cc) == 2) & (cy * cc <= 0)) | ((np.abs(cc) >= 1) & (cy * cc < 0))
+            if np.any(bad):
+                raise ValueError(f"`y0` violates `constraints` at components {np.nonzero(bad)[0].tolist()} "
+                                 "(IDAS requires a start that satisfies them; with init= only the "
+                                 "given components must).")
+    def positive(name, x, allow_zero=False):
+        x = jnp.asarray(x, dtype)
+        cx = _concrete(x)
+        if x.ndim or (cx is not None and not (cx > 0 or (allow_zero and cx == 0))):
+            raise ValueError(f"`{name}` must be a {'non-negative' if allow_zero else 'positive'} "
+                             f"scalar, got {x if cx is None else cx}.")
+        return x
+    max_step = jnp.asarray(jnp.inf, dtype) if max_step is None else positive("max_step", max_step)
+    min_step = jnp.asarray(0.0, dtype) if min_step is None else positive("min_step", min_step, True)
+    first_step = (jnp.asarray(jnp.nan, dtype) if first_step is None
+                  else positive("first_step", first_step))
+    if not (isinstance(max_order, (int, np.integer)) and 1 <= max_order <= 5):
+        raise ValueError(f"`max_order` must be an integer in 1..5, got {max_order!r}.")
+    return constraints, max_step, min_step, first_step
 
 
-@eqx.filter_custom_vjp
-def _solve_differentiable(diff, static, adjoint, linear_solver, nondiff):
-    """`forward_solve` with reverse-mode derivatives by the adjoint (`_adjoint.py`).
+# ------------------------------------------------------------- output-time dependence
 
-    diff = (t0, t1, y0, yp0, args, saveat) are differentiated; nondiff = (algebraic,
-    rtol, atol, quad_rtol, quad_atol, tstop) are not."""
-    t0, t1, y0, yp0, args, saveat = diff
-    sol, _, _, _ = forward_solve(static, linear_solver, t0, t1, y0, yp0, args, saveat,
-                                 nondiff[0], *nondiff[1:])
+
+def _order_guard(order: int):
+    """Identity on Δ that raises when differentiated more than `order` times: the dense
+    output carries y, …, y^(DENSE_ORDER), so higher time derivatives would be silently
+    zero."""
+
+    @jax.custom_jvp
+    def guard(delta):
+        return delta
+
+    @guard.defjvp
+    def guard_jvp(primals, tangents):
+        if order <= 0:
+            raise ValueError(
+                "daeadjoint: this derivative of order > "
+                f"{DENSE_ORDER} with respect to the output times (saveat or t1) is not "
+                "available (the dense output carries y, y' and y'' only).")
+        (delta,), (delta_dot,) = primals, tangents
+        return _order_guard(order - 1)(delta), delta_dot
+
+    return guard
+
+
+def _shift_to_saveat(yd, qs, saveat, args, quadrature):
+    """The outputs as functions of the output times: the core evaluates the dense output
+    at saveat without differentiating the times, and here Δ = saveat − stop_gradient
+    (saveat) (zero in value) re-attaches them exactly through the interpolant's Taylor
+    expansion y(t_i + Δ) = Σ_m y^(m)(t_i) Δ^m/m!, and ∫^{t_i+Δ} q = ∫^{t_i} q +
+    ∫_0^Δ q(t_i + τ) dτ by 2-point Gauss–Legendre (exact derivatives up to order 4 at
+    Δ = 0)."""
+    delta = saveat - jax.lax.stop_gradient(saveat)
+    order = yd.shape[1] - 1
+    # Rows never reached are inf: keep them inf (the m = 0 term), not inf·0 = NaN.
+    yd = jnp.concatenate([yd[:, :1], jnp.where(jnp.isfinite(yd[:, 1:]), yd[:, 1:], 0.0)], axis=1)
+    d_y = _order_guard(order)(delta)[:, None]
+    d_yp = _order_guard(order - 1)(delta)[:, None]
+    ys = sum(yd[:, m] * d_y**m / math.factorial(m) for m in range(order + 1))
+    yps = sum(yd[:, m + 1] * d_yp**m / math.factorial(m) for m in range(order))
+    if quadrature is None:
+        return ys, yps, qs
+    d_q = _order_guard(order)(delta)
+
+    yd = jnp.where(jnp.isfinite(yd), yd, 0.0)
+
+    def taylor(tau):
+        y = sum(yd[:, m] * tau[:, None]**m / math.factorial(m) for m in range(order + 1))
+        yp = sum(yd[:, m + 1] * tau[:, None]**m / math.factorial(m) for m in range(order))
+        return jax.vmap(lambda t, y_, yp_: jnp.asarray(quadrature(t, y_, yp_, args), yd.dtype))(
+            jax.lax.stop_gradient(saveat) + tau, y, yp)
+
+    nodes = (0.5 - 0.5 / math.sqrt(3.0), 0.5 + 0.5 / math.sqrt(3.0))
+    extra = sum(0.5 * d_q[:, None] * taylor(c * d_q) for c in nodes)
+    return ys, yps, qs + extra
+
+
+# ------------------------------------------------------------------ compiled solve
+
+
+@eqx.filter_jit
+def _solve_compiled(config: Config, inputs: Inputs, throw: bool):
+    core_inputs = dataclasses.replace(inputs, t1=jax.lax.stop_gradient(inputs.t1),
+                                      saveat=jax.lax.stop_gradient(inputs.saveat))
+    core = solve_core(config, core_inputs)
+    ys, yps, qs = _shift_to_saveat(core.yd, core.qs, inputs.saveat, inputs.args,
+                                   config.quadrature)
+    stats = dict(core.stats)
+    stats["t_final"] = core.t_final
+    result = jax.tree_util.tree_map(jax.lax.stop_gradient, core.result)
+    events = {}
+    if config.event is not None:
+        stats["num_events"] = jnp.sum(jnp.isfinite(core.event_t)).astype(jnp.int32)
+        events = dict(event_ts=core.event_t, event_ys=core.event_yd[:, 0],
+                      event_yps=core.event_yd[:, 1], event_masks=core.event_mask,
+                      event_t=core.event_t[0], event_y=core.event_yd[0, 0],
+                      event_yp=core.event_yd[0, 1], event_mask=core.event_mask[0])
+    sentinel = None
+    if core.dense is not None:
+        diff = [inputs.t0, inputs.t1, inputs.y0, inputs.yp0, inputs.saveat] + \
+            jax.tree_util.tree_leaves(eqx.filter(inputs.args, eqx.is_inexact_array))
+        sentinel = sum(0.0 * jnp.sum(x) for x in diff)
+    sol = Solution(ts=inputs.saveat, ys=ys, yps=yps,
+                   qs=qs if config.quadrature is not None else None,
+                   stats=stats, result=result, dense=core.dense, sentinel=sentinel, **events)
+    if throw:
+        if config.init is not None:   # name the reason and the component
+            reason, worst = core.init_info
+            n = inputs.y0.shape[0]
+            is_y = unknown_mask(config.init, inputs.algebraic)[jnp.clip(worst, 0, n - 1)]
+            failed = (reason != SUCCESS) & (result == RESULTS.initialization_failed)
+            sol = eqx.branched_error_if(sol, failed,
+                                        message_index(reason, worst, is_y),
+                                        failure_messages(config.init))
+        sol = result.error_if(sol, ~succeeded(result))
     return sol
-
-
-@_solve_differentiable.def_fwd
-def _solve_fwd(perturbed, diff, static, adjoint, linear_solver, nondiff):
-    t0, t1, y0, yp0, args, saveat = diff
-    discrete = isinstance(adjoint, DiscreteAdjoint)
-    sol, state, recorder, (y0c, yp0c) = forward_solve(
-        static, linear_solver, t0, t1, y0, yp0, args, saveat, nondiff[0], *nondiff[1:],
-        checkpoint_every=None if discrete else adjoint.checkpoint_every, log_steps=discrete)
-    return sol, (sol, recorder, state.t, y0c, yp0c)
-
-
-@_solve_differentiable.def_bwd
-def _solve_bwd(residuals, grad_sol, perturbed, diff, static, adjoint, linear_solver, nondiff):
-    sol, checkpoints, t_final, y0c, yp0c = residuals
-    t0, t1, y0, yp0, args, saveat = diff
-    algebraic, rtol, atol, quad_rtol, quad_atol, tstop = nondiff
-
-    def zero_if_none(g, like):
-        return jnp.zeros_like(like) if g is None else g
-
-    ybar = zero_if_none(grad_sol.ys, sol.ys)
-    ypbar = zero_if_none(grad_sol.yps, sol.yps)
-    qs = sol.qs if sol.qs is not None else jnp.zeros((saveat.shape[0], 0), y0c.dtype)
-    qbar = zero_if_none(grad_sol.qs, qs) if sol.qs is not None else qs
-    sol = sol.result.error_if(sol, sol.result != RESULTS.successful)
-    if isinstance(adjoint, DiscreteAdjoint):
-        ybar0, ypbar0, argsbar, t0bar, tsbar = discrete_backward(
-            adjoint, static, checkpoints, y0c, yp0c, diff, nondiff, sol, (ybar, ypbar, qbar))
-    else:
-        problem = build_problem(static, linear_solver, t0, y0c, yp0c, args, algebraic, rtol,
-                                atol, quad_rtol, quad_atol, tstop)
-        ybar0, ypbar0, argsbar, t0bar, tsbar, _ = backward(
-            adjoint, static, problem, checkpoints, y0c, yp0c, diff, nondiff, sol,
-            (ybar, ypbar, qbar))
-    grads = (t0bar, jnp.zeros_like(t1), ybar0, ypbar0, argsbar, tsbar)
-    return jax.tree_util.tree_map(lambda g, p: g if p else None, grads, perturbed,
-                                  is_leaf=lambda x: x is None)
 
 
 def solve(
     residual: Callable,
-    t0,
-    t1,
-    y0,
-    yp0=None,
+    t0: ArrayLike,
+    t1: ArrayLike,
+    y0: ArrayLike,
+    yp0: ArrayLike | None = None,
     args: Any = None,
     *,
-    saveat=None,
-    algebraic=None,
+    saveat: ArrayLike | None = None,
+    algebraic: ArrayLike | None = None,
     init: str | None = None,
     quadrature: Callable | None = None,
-    rtol=1e-6,
-    atol=1e-6,
+    rtol: ArrayLike = 1e-6,
+    atol: ArrayLike = 1e-6,
     max_steps: int = 100_000,
-    sensitivity=None,
+    sensitivity: Adjoint | DiscreteAdjoint | None = None,
+    forward_sensitivity: ForwardSensitivity | None = None,
     throw: bool = True,
-    tstop=None,
+    tstop: ArrayLike | None = None,
     suppress_algebraic_error: bool = False,
-    quad_rtol=None,
-    quad_atol=None,
+    quad_rtol: ArrayLike | None = None,
+    quad_atol: ArrayLike | None = None,
     quad_error_control: bool = False,
-    linear_solver=DenseLU(),
+    linear_solver: AbstractLinearSolver | None = None,
+    constraints: ArrayLike | None = None,
+    max_step: ArrayLike | None = None,
+    min_step: ArrayLike | None = None,
+    first_step: ArrayLike | None = None,
+    max_order: int = 5,
+    event: Event | None = None,
+    steps: bool = False,
+    dense: bool = False,
+    progress: bool | int = False,
 ) -> Solution:
     r"""Solve the DAE F(t, y, y', args) = 0 on [t0, t1] with variable-order BDF (IDAS).
+
+    Every JAX transformation works through `solve`, to any order: `jax.jvp`,
+    `jax.jacfwd`, `jax.linearize` (forward sensitivities), `jax.grad`, `jax.vjp`,
+    `jax.jacrev` (the adjoint), `jax.hessian` and `jax.jvp(jax.grad(...))` (forward over
+    adjoint), `jax.vmap` of any of them and `jax.jit` around all of it — always the
+    derivatives of the continuous problem, never of the step-size controller.
 
     **Arguments:**
 
     - `residual`: `F(t, y, yp, args) -> array` shaped like `y`.
     - `t0`, `t1`: the interval, t1 > t0.
-    - `y0`: 1-D initial state. Its dtype is the working precision (float64 recommended).
+    - `y0`: 1-D initial state. The working precision is the promoted dtype of `y0`,
+      `yp0` and the residual's output (float64 recommended).
     - `yp0`: initial y'. Default None: computed together with the algebraic components of
       y0 by consistent initialization (as `init="ya_ydp"`).
-    - `args`: any pytree passed to `residual` (and `quadrature`).
+    - `args`: any pytree passed to `residual` (and `quadrature`), e.g. an `eqx.nn.MLP`:
+      its inexact arrays are differentiable, everything else is static.
     - `saveat`: sorted 1-D array of output times in [t0, t1]; default `[t1]`. Outputs come
       from the BDF interpolating polynomial; steps are not forced onto them.
     - `algebraic`: bool mask, True where y_i is algebraic (F does not depend on y'_i).
@@ -294,17 +375,38 @@ def solve(
       defaulting to `rtol`, `atol`).
     - `rtol`, `atol`: error weights W_i = 1/(rtol |y_i| + atol_i); atol scalar or (n,).
     - `max_steps`: give up (status `max_steps_reached`) after this many steps.
-    - `sensitivity`: how reverse-mode derivatives through `solve` are computed:
-      `Adjoint()` (default; the continuous adjoint DAE) or `DiscreteAdjoint()` (the
-      discrete adjoint of the recorded steps; for losses with many observation times).
+    - `sensitivity`: how reverse-mode derivatives are computed: `Adjoint()` (the
+      continuous adjoint DAE) or `DiscreteAdjoint()` (the adjoint of the recorded steps).
+      None (default) chooses: `Adjoint()` for up to 32 output times, `DiscreteAdjoint()`
+      for more (its cost does not grow with the number of observations).
+    - `forward_sensitivity`: options of forward mode, `ForwardSensitivity()` by default
+      (staggered corrector, full error control).
     - `throw`: raise on failure (via `equinox.error_if`, works under jit). With False,
-      inspect `sol.result`; the solution up to the failure is returned.
+      inspect `sol.result`; the solution up to the failure is returned, and derivatives
+      of a failed solve are NaN.
     - `tstop`: never step past this time (≥ t1). Default: the integrator may step past t1
       and interpolate back, as IDAS does.
     - `suppress_algebraic_error`: leave algebraic components out of the local error test
       (IDAS `IDASetSuppressAlg`).
-    - `linear_solver`: `DenseLU()` (default; `DenseLU(jac=...)` for a user iteration
-      matrix F_y + cj F_y').
+    - `linear_solver`: how the Newton systems are solved; default `DenseLU()`.
+    - `constraints`: int array like y0 (IDASetConstraints): 0 none, 1 y ≥ 0, 2 y > 0,
+      −1 y ≤ 0, −2 y < 0. After each Newton solve a violating step is projected back if
+      the violation is below the Newton tolerance, else redone with a smaller step (IDAS
+      §6.2.2.4); consistent initialization (`init=`) enforces them too. y0 must satisfy
+      them.
+    - `event`: `Event(cond, terminal=True, direction=0)`: locate the roots of
+      `cond(t, y, yp, args)` on the dense output (IDAS §6.2.4); `sol.event_t`, `event_y`,
+      `event_yp`, `event_mask`. A terminal event stops the solve there (status
+      `RESULTS.event`, a success; later output rows are `inf`). Event times and states
+      are differentiable in every mode.
+    - `steps`: also return the accepted step sequence (`sol.step_ts`, `sol.step_ys`).
+    - `dense`: also keep every step's interpolating polynomial for `sol.evaluate(t)`
+      (memory O(max_steps · 6n)). Neither is differentiable (they depend on the steps).
+    - `progress`: print t and the step count while integrating (True: every 100 steps,
+      an int: every that many; at most two lines a second); nothing when False.
+    - `max_step`, `min_step`, `first_step`, `max_order`: IDASetMaxStep, IDASetMinStep,
+      IDASetInitStep, IDASetMaxOrd (1–5). A step that fails at `min_step` ends the solve
+      with the failure's status.
 
     **Returns:** a `Solution` with `ts`, `ys`, `yps`, `qs`, `stats`, `result`.
     """
@@ -315,20 +417,38 @@ def solve(
         yp0 = jnp.zeros_like(y0)
         if init is None:
             init = "ya_ydp"
-    quad_rtol = rtol if quad_rtol is None else quad_rtol
-    quad_atol = jnp.max(atol) if quad_atol is None else quad_atol
-    static = _Static(residual=residual, quadrature=quadrature, init=init, max_steps=int(max_steps),
-                     suppress_algebraic_error=bool(suppress_algebraic_error),
-                     quad_error_control=bool(quad_error_control))
+    dtype = y0.dtype
     if sensitivity is None:
-        sensitivity = Adjoint()
+        sensitivity = Adjoint() if saveat.shape[0] <= MANY_OBSERVATIONS else DiscreteAdjoint()
     if not isinstance(sensitivity, (Adjoint, DiscreteAdjoint)):
         raise TypeError("`sensitivity` must be daeadjoint.Adjoint() or "
                         f"daeadjoint.DiscreteAdjoint(), got {sensitivity!r}.")
-    sol = _solve_differentiable((t0, t1, y0, yp0, args, saveat), static, sensitivity,
-                                linear_solver, (algebraic, rtol, atol, quad_rtol, quad_atol, tstop))
-    if throw:
-        # The status is an integer output of the custom_vjp: keep it out of the JVP trace.
-        result = jax.tree_util.tree_map(jax.lax.stop_gradient, sol.result)
-        sol = result.error_if(sol, result != RESULTS.successful)
-    return sol
+    if forward_sensitivity is None:
+        forward_sensitivity = ForwardSensitivity()
+    if linear_solver is None:
+        linear_solver = DenseLU()
+    if not isinstance(linear_solver, AbstractLinearSolver):
+        raise TypeError("`linear_solver` must be a daeadjoint linear solver (e.g. "
+                        f"daeadjoint.DenseLU()), got {linear_solver!r}.")
+    nq = 0
+    if quadrature is not None:
+        y = jax.ShapeDtypeStruct(y0.shape, dtype)
+        nq = eqx.filter_eval_shape(quadrature, jax.ShapeDtypeStruct((), dtype), y, y, args).shape[0]
+    quad_rtol = rtol if quad_rtol is None else jnp.asarray(quad_rtol, dtype)
+    quad_atol = jnp.broadcast_to(jnp.max(atol) if quad_atol is None
+                                 else jnp.asarray(quad_atol, dtype), (nq,))
+    constraints, max_step, min_step, first_step = _check_step_options(
+        y0, constraints, max_step, min_step, first_step, max_order)
+    config = Config(
+        residual=residual, quadrature=quadrature, linear_solver=linear_solver,
+        reverse=sensitivity, forward=forward_sensitivity, init=init,
+        max_steps=int(max_steps), suppress_algebraic_error=bool(suppress_algebraic_error),
+        quad_error_control=bool(quad_error_control), order=DENSE_ORDER, throw=bool(throw),
+        max_order=int(max_order), event=_check_event(event, residual, t0, y0, args),
+        progress=(100 if progress is True else int(progress)),
+        dense=(2 if dense else (1 if steps else 0)))
+    inputs = Inputs(t0=t0, t1=t1, y0=y0, yp0=yp0, args=args, saveat=saveat,
+                    algebraic=algebraic, rtol=rtol, atol=atol, quad_rtol=quad_rtol,
+                    quad_atol=quad_atol, tstop=tstop, constraints=constraints,
+                    max_step=max_step, min_step=min_step, first_step=first_step)
+    return _solve_compiled(config, inputs, bool(throw))

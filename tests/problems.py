@@ -18,7 +18,7 @@ def robertson(t, y, yp, p):
     ])
 
 
-# R2: state-dependent mass matrix, index 0 (seed 000 eq. (31)); exact y = (sin t, cos t).
+# R2: state-dependent mass matrix, index 0 (Li & Petzold, DASPKADJOINT, eq. (31)); exact y = (sin t, cos t).
 def mass_index0(t, y, yp, args):
     y1, y2 = y[0], y[1]
     return jnp.stack([
@@ -27,7 +27,7 @@ def mass_index0(t, y, yp, args):
     ])
 
 
-# R3: state-dependent mass matrix, index 1 (seed 000 eq. (32)); y2 algebraic.
+# R3: state-dependent mass matrix, index 1 (Li & Petzold, DASPKADJOINT, eq. (32)); y2 algebraic.
 # Exact: y2 = y1 + 1 and y2 y1' = -y2 (y2 - 1)  =>  y1 = e^{-t}, y2 = e^{-t} + 1.
 def mass_index1(t, y, yp, args):
     y1, y2 = y[0], y[1]
@@ -37,7 +37,7 @@ def mass_index1(t, y, yp, args):
     ])
 
 
-# R4: one-mass oscillator (seed 004 §3), args = (c, v0) enters only through y0 = (0, v0).
+# R4: one-mass oscillator (Eberhard & Bischof §3), args = (c, v0) enters only through y0 = (0, v0).
 def oscillator(t, x, xp, args):
     c = args[0]
     return jnp.stack([xp[0] - x[1], xp[1] + c * x[0]])

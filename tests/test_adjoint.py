@@ -28,7 +28,7 @@ def _r4_grads(c, v0, rtol, tstop):
 
 
 def r4_grads(c, v0, rtol, at_step_end):
-    """All four exact derivatives of ψ1 = x1(π/2) and ψ2 = ∫ x1 (seed 004 §3) by the
+    """All four exact derivatives of ψ1 = x1(π/2) and ψ2 = ∫ x1 (Eberhard & Bischof §3) by the
     adjoint; t1 inside a step (interpolated) or at a step end (tstop = t1). Tolerances
     and tstop are traced, so every case shares one compilation."""
     return _r4_grads(c, v0, rtol, np.pi / 2 if at_step_end else np.inf)
@@ -47,23 +47,33 @@ def test_oscillator_exact_derivatives(rtol, at_step_end):
 
 
 def test_differentiating_the_controller_is_wrong():
-    """Seed 004's pitfall, shown on our own integrator: forward-mode AD straight through
+    """Eberhard & Bischof's pitfall, shown on our own integrator: forward-mode AD straight through
     the adaptive loop (bypassing the adjoint) differentiates the step sizes too. At
     rtol = 1e-8 the last step's time t_N moves with c (∇t_N ≠ 0), and the AD derivative
     of x1(t_N) is off from the exact ∂x1/∂c(t_N) = v0 (t cos t − sin t)/2 by ẋ1·∇t_N —
     hundreds of thousands of tolerances — while the adjoint stays within 100·rtol."""
-    from daeadjoint._linear_solver import DenseLU
-    from daeadjoint._solve import _Static, forward_solve
+    from daeadjoint._core import Config, Inputs, build_problem
+    from daeadjoint._forward_sensitivity import ForwardSensitivity
+    from daeadjoint._integrator import Outputs, initial_state, initial_step, integrate
 
     rtol = 1e-8
-    static = _Static(residual=oscillator, quadrature=None, init=None, max_steps=10_000,
-                     suppress_algebraic_error=False, quad_error_control=False)
+    config = Config(residual=oscillator, quadrature=None, linear_solver=dae.DenseLU(),
+                    reverse=dae.Adjoint(), forward=ForwardSensitivity(), init=None,
+                    max_steps=10_000, suppress_algebraic_error=False, quad_error_control=False)
 
     def last_step(c):
-        _, state, _, _ = forward_solve(
-            static, DenseLU(), jnp.asarray(0.0), jnp.asarray(np.pi / 2), jnp.array([0.0, 0.5]),
-            jnp.array([0.5, 0.0]), jnp.stack([c]), jnp.array([np.pi / 2]), jnp.zeros(2, bool),
-            jnp.asarray(rtol), jnp.full(2, rtol), rtol, rtol, jnp.asarray(jnp.inf))
+        """The raw integrator loop (no custom derivative rule): its final step."""
+        t0, t1 = jnp.asarray(0.0), jnp.asarray(np.pi / 2)
+        y0, yp0 = jnp.array([0.0, 0.5]), jnp.array([0.5, 0.0])
+        inputs = Inputs(t0=t0, t1=t1, y0=y0, yp0=yp0, args=jnp.stack([c]),
+                        saveat=t1[None], algebraic=jnp.zeros(2, bool), rtol=jnp.asarray(rtol),
+                        atol=jnp.full(2, rtol), quad_rtol=jnp.asarray(rtol),
+                        quad_atol=jnp.zeros(0), tstop=jnp.asarray(jnp.inf))
+        problem = build_problem(config, inputs)
+        h0 = initial_step(problem, t0, y0, yp0, jnp.zeros(0), t1)
+        state = initial_state(problem, t0, y0, yp0, h0)
+        outputs = Outputs.create(t1[None], 2, 0, 0, 1, y0.dtype)
+        state, _, _, _ = integrate(problem, state, outputs, t1, config.max_steps)
         return state.t, state.phi[0, 0]
 
     (t_n, _), (dt_n, dx_n) = jax.jit(lambda c: jax.jvp(last_step, (c,), (1.0,)))(1.0)
@@ -143,7 +153,7 @@ def r3_grad(y0, rtol):
 
 @pytest.mark.parametrize("rtol", [1e-7, 1e-9])
 def test_r2_index0_mass_matrix(rtol):
-    """True dg/dy(0) = (−0.999203356, 1.00079601) (seed 000 Table 2, needs the augmented
+    """True dg/dy(0) = (−0.999203356, 1.00079601) (Li & Petzold, DASPKADJOINT, Table 2, needs the augmented
     adjoint). At the paper's rtol 1e-7 / atol 1e-9 DASPKADJOINT was 4.4e-7 off; we ask
     100·rtol (the forward global-error bound that the adjoint inherits), which at 1e-9
     means the paper's 7 digits."""
@@ -227,7 +237,7 @@ def r4_discrete(c, rtol):
 
 
 def test_discrete_adjoint_exact_oscillator():
-    """The discrete adjoint differentiates the discrete map with h_n frozen (seed 004's
+    """The discrete adjoint differentiates the discrete map with h_n frozen (Eberhard & Bischof's
     remedy ∇h = 0): it converges to the exact R4 derivatives like the solution does,
     within 100·rtol."""
     rtol = 1e-8

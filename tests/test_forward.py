@@ -231,3 +231,39 @@ def test_suppress_algebraic_error():
                     saveat=ROB_TS[:3], algebraic=ROBERTSON_ALGEBRAIC, rtol=1e-4,
                     atol=ROB_ATOL, suppress_algebraic_error=True)
     np.testing.assert_allclose(sol.ys[:, 0], ROB_IDAS[:3, 0], rtol=1e-3)
+
+
+# ------------------------------------------------- dense output, steps, progress, repr
+def test_dense_output_and_steps():
+    """sol.evaluate(t) from the stored interpolants equals the exact x1 = sin t within
+    the 100·rtol global-error bound (and its derivative cos t, one order lower, within
+    1000·rtol); step_ts/step_ys are the accepted steps (t_0 = 0, increasing, count =
+    num_steps + 1 finite rows); differentiating either raises instead of returning a
+    silent zero (they depend on step sizes)."""
+    rtol = 1e-8
+    sol = dae.solve(oscillator, 0.0, 10.0, jnp.array([0.0, 1.0]), jnp.array([1.0, 0.0]),
+                    jnp.array([1.0]), rtol=rtol, atol=rtol, dense=True)
+    t = np.linspace(0.0, 10.0, 57)
+    np.testing.assert_allclose(np.asarray(sol.evaluate(t))[:, 0], np.sin(t), rtol=0, atol=100 * rtol)
+    np.testing.assert_allclose(np.asarray(sol.evaluate(t, derivative=1))[:, 0], np.cos(t),
+                               rtol=0, atol=1000 * rtol)
+    ts = np.asarray(sol.step_ts)
+    m = int(sol.stats["num_steps"]) + 1
+    assert ts[0] == 0.0 and np.all(np.diff(ts[:m]) > 0) and np.all(np.isinf(ts[m:]))
+    np.testing.assert_allclose(np.asarray(sol.step_ys)[:m, 0], np.sin(ts[:m]), atol=100 * rtol)
+    with pytest.raises(ValueError, match="not differentiable"):
+        jax.grad(lambda c: dae.solve(oscillator, 0.0, 1.0, jnp.array([0.0, 1.0]),
+                                     jnp.array([1.0, 0.0]), jnp.stack([c]), dense=True)
+                 .evaluate(0.5)[0])(1.0)
+    steps_only = dae.solve(oscillator, 0.0, 1.0, jnp.array([0.0, 1.0]), jnp.array([1.0, 0.0]),
+                           jnp.array([1.0]), steps=True)
+    with pytest.raises(ValueError, match="dense=True"):
+        steps_only.evaluate(0.5)
+
+
+def test_progress_and_repr(capsys):
+    sol = dae.solve(oscillator, 0.0, 10.0, jnp.array([0.0, 1.0]), jnp.array([1.0, 0.0]),
+                    jnp.array([1.0]), rtol=1e-8, atol=1e-8, progress=1)
+    assert "daeadjoint: t =" in capsys.readouterr().out
+    text = repr(sol)
+    assert "result=successful" in text and "num_steps=" in text and "ys=(1, 2)" in text

@@ -1,4 +1,4 @@
-"""R5: 2-D heat equation with 1766 parameters (seed 000 §7.1.1, Table 1)."""
+"""R5: 2-D heat equation with 1766 parameters (Li & Petzold, DASPKADJOINT, §7.1.1, Table 1)."""
 
 import jax
 import jax.numpy as jnp

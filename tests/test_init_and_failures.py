@@ -1,4 +1,4 @@
-"""Consistent initialization (IDACalcIC modes) and every failure path of DESIGN.md §4."""
+"""Every failure path of DESIGN.md §4 (initialization: tests/test_initialization.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -8,53 +8,7 @@ import pytest
 import daeadjoint as dae
 from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, robertson
 
-ROB_TS = jnp.array([0.0, 0.4])
 ROB_ATOL = jnp.array([1e-8, 1e-6, 1e-6])
-
-
-# ------------------------------------------------------------------- initialization
-@pytest.mark.parametrize("how", ["ya_ydp", "default"])
-def test_init_ya_ydp_robertson(how):
-    """From an inconsistent guess y3 = 0.5, y' = 0, "ya_ydp" recovers y3 = 1 − y1 − y2 = 0
-    and y'_d = (−0.04, 0.04) exactly (linear in the unknowns here, so Newton lands on
-    them to rounding), and the solution then meets IDAS's y(0.4) to its 4 digits.
-    `yp0=None` means the same initialization."""
-    y0 = jnp.array([1.0, 0.0, 0.5])
-    kwargs = dict(init="ya_ydp", yp0=jnp.zeros(3)) if how == "ya_ydp" else {}
-    sol = dae.solve(robertson, 0.0, 0.4, y0, args=ROBERTSON_P, saveat=ROB_TS,
-                    algebraic=ROBERTSON_ALGEBRAIC, rtol=1e-4, atol=ROB_ATOL, **kwargs)
-    np.testing.assert_allclose(sol.ys[0], [1.0, 0.0, 0.0], atol=1e-12)
-    np.testing.assert_allclose(sol.yps[0, :2], [-0.04, 0.04], atol=1e-12)
-    np.testing.assert_allclose(sol.ys[1], [9.8517e-01, 3.3864e-05, 1.4794e-02], rtol=5e-4)
-
-
-def steady(t, y, yp, args):
-    # Quasi-steady state: with y' = 0 the unique solution is y1 = 2, y2 = y1² = 4.
-    return jnp.stack([yp[0] + y[0] ** 3 - 8.0, y[1] - y[0] ** 2])
-
-
-def test_init_y_quasi_steady_state():
-    """init="y" computes all of y0 from y'0 = 0: (2, 4), which then stays put. The
-    solution is constant, so any drift is integration error: bounded by rtol·|y|."""
-    sol = dae.solve(steady, 0.0, 1.0, jnp.array([1.0, 1.0]), jnp.zeros(2),
-                    saveat=jnp.array([0.0, 1.0]), algebraic=jnp.array([False, True]),
-                    init="y", rtol=1e-8, atol=1e-8)
-    np.testing.assert_allclose(sol.ys[0], [2.0, 4.0], rtol=1e-10)
-    np.testing.assert_allclose(sol.ys[1], [2.0, 4.0], rtol=1e-8)
-
-
-def no_solution(t, y, yp, args):
-    return jnp.stack([yp[0] + y[0], y[1] ** 2 + 1.0])   # y2² = −1 has no real solution
-
-
-def test_init_failure_reports_status_and_raises():
-    kwargs = dict(algebraic=jnp.array([False, True]), init="ya_ydp")
-    sol = dae.solve(no_solution, 0.0, 1.0, jnp.array([1.0, 0.5]), jnp.zeros(2),
-                    throw=False, **kwargs)
-    assert sol.result == dae.RESULTS.initialization_failed
-    assert not np.any(np.isnan(np.asarray(sol.ys)))
-    with pytest.raises(Exception, match="Consistent initialization"):
-        dae.solve(no_solution, 0.0, 1.0, jnp.array([1.0, 0.5]), jnp.zeros(2), **kwargs)
 
 
 # ------------------------------------------------------------- bad input, before tracing
@@ -131,10 +85,12 @@ def nan_residual(t, y, yp, args):
 
 
 def test_nan_residual():
+    """The residual is NaN at the initial values themselves: reported as such (not as a
+    singular iteration matrix, whose factors the NaN also poisons)."""
     sol = dae.solve(nan_residual, 0.0, 1.0, jnp.ones(1), jnp.zeros(1), throw=False)
-    assert sol.result == dae.RESULTS.nonfinite_residual
+    assert sol.result == dae.RESULTS.nonfinite_initial_residual
     assert not np.any(np.isnan(np.asarray(sol.ys)))
-    with pytest.raises(Exception, match="NaN or inf"):
+    with pytest.raises(Exception, match="NaN or inf at t0"):
         jax.jit(lambda y0: dae.solve(nan_residual, 0.0, 1.0, y0, jnp.zeros(1)))(jnp.ones(1))
 
 

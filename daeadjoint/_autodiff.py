@@ -1,0 +1,642 @@
+r"""How JAX's transformations reach the solver: one derivative machinery for every order.
+
+`solve_core(config, inputs)` is a `jax.custom_jvp`. Its tangent is the *linear* primitive
+`tangent_p`,
+
+    ẏ = L(x) ẋ,            impl: forward sensitivities (`_forward_sensitivity.py`),
+
+whose transpose is the primitive `cotangent_p`,
+
+    x̄ = L(x)ᵀ ȳ,          impl: the reverse pass of `config.reverse` (the continuous
+                           adjoint DAE, `_adjoint.py`, or the discrete adjoint),
+
+so `jax.jvp`/`jax.jacfwd`/`jax.linearize` run forward sensitivities and
+`jax.grad`/`jax.vjp`/`jax.jacrev` (which JAX builds by transposing the linearization)
+run the adjoint: JAX's own transformation picks the mode. Both primitives are made with
+`equinox.internal`'s filtered primitives (as lineax builds `linear_solve`), batched by
+`create_vprim` (vmap of their rules) — except that a batch of tangents alone (`jacfwd`)
+is folded into the directions of one sensitivity integration.
+
+Higher orders. The derivatives of L and Lᵀ with respect to x come from the augmented DAE
+(G) of `_augmented.py`, solved by `solve_core` itself: with T(x, u) = (y(x), L(x) u) the
+outputs of (G),
+
+    d[L(x) ẋ]            = jvp of T's second output in (x, ẋ),
+    d[L(x)ᵀ ȳ] (x ← x + ε δx, ȳ ← ȳ + ε δȳ)
+                         = the cotangent of x of the vjp of T at (x, u = δx) with
+                           cotangent (δȳ, ȳ); its cotangent of u is L(x)ᵀ ȳ itself,
+
+the second line being the symmetry of second derivatives (forward over adjoint, IDAS
+manual §6.2.8: one forward solve of (G) and one adjoint solve of (G)). Every derivative
+of every order is thus a derivative of the continuous problem, each derived problem
+integrated with its own error control; no step size or order is ever differentiated
+(Eberhard & Bischof).
+"""
+
+import dataclasses
+import functools as ft
+
+import equinox as eqx
+import equinox.internal as eqxi
+import jax
+import jax.interpreters.batching as batching
+import jax.numpy as jnp
+import numpy as np
+
+from ._augmented import AugmentedSolver, augmented_quadrature, augmented_residual
+from ._consistency import consistent_values, initial_sensitivities
+from ._core import Inputs, Tangents, run_forward, run_tangent
+from ._events import event_tangents
+from ._forward_sensitivity import direction_scale, sensitivity_atol
+from ._results import succeeded
+
+# ------------------------------------------------------------------------- utilities
+
+
+def _is_symbolic_zero(x) -> bool:
+    return isinstance(x, jax.custom_derivatives.SymbolicZero)
+
+
+def _zero_tangent(x):
+    if jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(jnp.shape(x), dtype=jax.dtypes.float0)
+
+
+def _differentiable_part(inputs: Inputs):
+    """(t0, y0, yp0, inexact leaves of args) — what derivatives are taken with respect to."""
+    return (inputs.t0, inputs.y0, inputs.yp0, eqx.filter(inputs.args, eqx.is_inexact_array))
+
+
+def _with_differentiable(inputs: Inputs, xd) -> Inputs:
+    t0, y0, yp0, dyn = xd
+    static = eqx.filter(inputs.args, eqx.is_inexact_array, inverse=True)
+    return dataclasses.replace(inputs, t0=t0, y0=y0, yp0=yp0, args=eqx.combine(dyn, static))
+
+
+_NON_DIFF_NAMES = {
+    "t1": "t1 (its effect on the outputs, through the default saveat = [t1], is "
+          "differentiated outside the core)",
+    "saveat": "saveat", "rtol": "rtol", "atol": "atol", "quad_rtol": "quad_rtol",
+    "quad_atol": "quad_atol", "tstop": "tstop",
+}
+
+
+def input_tangents(inputs: Inputs, tangents) -> Tangents | None:
+    """Tangents of the differentiable inputs from a pytree like `inputs` (None or
+    SymbolicZero leaves for zero tangents); a clear error for a tangent on anything that
+    cannot be differentiated. None when no input has a tangent."""
+
+    def present(x):
+        return x is not None and not _is_symbolic_zero(x)
+
+    def nonzero_float(x):
+        return present(x) and getattr(x, "dtype", None) != jax.dtypes.float0
+
+    for name in _NON_DIFF_NAMES:
+        leaves = jax.tree_util.tree_leaves(getattr(tangents, name), is_leaf=_is_symbolic_zero)
+        if any(nonzero_float(x) for x in leaves):
+            raise ValueError(
+                f"daeadjoint: `solve` is not differentiable with respect to "
+                f"{_NON_DIFF_NAMES[name]}: the continuous solution does not depend on it. "
+                "Wrap it in jax.lax.stop_gradient, or differentiate with respect to the "
+                "problem's data (args, y0, yp0, t0, t1, saveat) only.")
+    t0 = tangents.t0 if present(tangents.t0) else None
+    y0 = tangents.y0 if present(tangents.y0) else None
+    yp0 = tangents.yp0 if present(tangents.yp0) else None
+    leaves_p, tree = jax.tree_util.tree_flatten(eqx.filter(inputs.args, eqx.is_inexact_array))
+    leaves_t = _match_args_tangents(inputs.args, tangents.args)
+    args = None
+    if any(present(t) for t in leaves_t):
+        args = jax.tree_util.tree_unflatten(
+            tree, [t if present(t) else jnp.zeros_like(p) for p, t in zip(leaves_p, leaves_t)])
+    if t0 is None and y0 is None and yp0 is None and args is None:
+        return None
+    return Tangents(t0=t0, y0=y0, yp0=yp0, args=args)
+
+
+def _match_args_tangents(args, args_tangents):
+    """The tangents of the inexact-array leaves of `args`, in the order of
+    `jax.tree_util.tree_leaves(eqx.filter(args, eqx.is_inexact_array))` (None where the
+    tangent is absent)."""
+    flat_p = jax.tree_util.tree_leaves(args, is_leaf=lambda x: x is None)
+    flat_t = jax.tree_util.tree_leaves(args_tangents, is_leaf=lambda x: x is None or _is_symbolic_zero(x))
+    if len(flat_p) != len(flat_t):   # tangents of non-array leaves were dropped
+        flat_t = flat_t + [None] * (len(flat_p) - len(flat_t))
+    return [t for p, t in zip(flat_p, flat_t) if eqx.is_inexact_array(p)]
+
+
+def _is_inexact(x) -> bool:
+    """An inexact array, also as an abstract value (inside abstract evaluation)."""
+    if isinstance(x, jax.core.ShapedArray):
+        return jnp.issubdtype(x.dtype, jnp.inexact)
+    return eqx.is_inexact_array(x)
+
+
+def _full(inputs: Inputs, t: Tangents | None, lead=()) -> Tangents:
+    """`t` with zeros for every absent part (for the augmented system)."""
+    t = Tangents() if t is None else t
+    dyn = eqx.filter(inputs.args, _is_inexact)
+    z = lambda x: jnp.zeros(lead + jnp.shape(x), jnp.result_type(x))  # noqa: E731
+    return Tangents(
+        t0=z(inputs.t0) if t.t0 is None else t.t0,
+        y0=z(inputs.y0) if t.y0 is None else t.y0,
+        yp0=z(inputs.yp0) if t.yp0 is None else t.yp0,
+        args=jax.tree_util.tree_map(z, dyn) if t.args is None else t.args)
+
+
+def _nones_like(x):
+    """A pytree like x with None at every leaf (no cotangent)."""
+    return jax.tree_util.tree_map(lambda _: None, x)
+
+
+def _restrict(t: Tangents, wanted: Tangents) -> Tangents:
+    return Tangents(**{f: (getattr(t, f) if getattr(wanted, f) is not None else None)
+                       for f in ("t0", "y0", "yp0", "args")})
+
+
+def _wanted(t: Tangents) -> Tangents:
+    """A static marker of which parts of a Tangents are present."""
+    return Tangents(**{f: (True if getattr(t, f) is not None else None)
+                       for f in ("t0", "y0", "yp0", "args")})
+
+
+# ------------------------------------------------------------------------- the core
+
+
+def solve_core(config, inputs: Inputs, record: bool = False):
+    """The differentiable solve: Core (and, with `record`, the Record of the forward run
+    for the reverse pass, whose tangent is zero).
+
+    Every array (including any inside `config`, e.g. traced adjoint tolerances) is an
+    explicit argument of the custom_jvp function: a closed-over tracer would leak."""
+    dyn, static = eqx.partition((config, inputs), eqx.is_array)
+    return _core_function(static, record)(dyn)
+
+
+def _core_function(static, record: bool):
+    @jax.custom_jvp
+    def core(dyn):
+        config, inputs = eqx.combine(dyn, static)
+        out, rec = run_forward(config, inputs, record=record)
+        return (out, rec) if record else out
+
+    def core_jvp(primals, tangents):
+        (dyn,), (dyn_dot,) = primals, tangents
+        config, inputs = eqx.combine(dyn, static)
+        config_dot, inputs_dot = dyn_dot
+        if any(not _is_symbolic_zero(x) and getattr(x, "dtype", None) != jax.dtypes.float0
+               for x in jax.tree_util.tree_leaves(config_dot, is_leaf=_is_symbolic_zero)):
+            raise ValueError(
+                "daeadjoint: `solve` is not differentiable with respect to the solver's "
+                "options (e.g. Adjoint(rtol=..., atol=...)): wrap them in "
+                "jax.lax.stop_gradient.")
+        out, rec = _core_function(static, True)(dyn)
+        t = input_tangents(inputs, inputs_dot)
+        out_dot = jax.tree_util.tree_map(_zero_tangent, out)
+        if t is not None:
+            dots = eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, None)
+            out_dot = eqx.tree_at(lambda c: (c.yd, c.qs, c.event_t, c.event_yd), out_dot, dots)
+        if record:
+            return (out, rec), (out_dot, jax.tree_util.tree_map(_zero_tangent, rec))
+        return out, out_dot
+
+    core.defjvp(core_jvp, symbolic_zeros=True)
+    return core
+
+
+# ------------------------------------------------------- the augmented system T(x, u)
+
+
+def augmented(config, inputs: Inputs, u: Tangents):
+    """T(x, u) = ((yd, qs), (L(x) u)) from one solve of the augmented DAE (G) (see the
+    module docstring), differentiable in `inputs`' differentiable part and in `u` (one
+    direction, all parts present)."""
+    n = inputs.y0.shape[0]
+    y0, yp0, _, _ = consistent_values(config, inputs)
+    one = jax.tree_util.tree_map(lambda x: x[None], u)
+    s0, sp0, qs0, _, _ = initial_sensitivities(config, inputs, y0, yp0, one, 1)
+    s0, sp0, qs0 = s0[0], sp0[0], qs0[0]
+    # Tolerances of s as in a forward-sensitivity run (not differentiated).
+    pairs = [(u.y0, inputs.y0), (u.yp0, inputs.yp0)] + list(zip(
+        jax.tree_util.tree_leaves(u.args),
+        jax.tree_util.tree_leaves(eqx.filter(inputs.args, eqx.is_inexact_array))))
+    nu = jax.lax.stop_gradient(direction_scale(
+        [d[None] for d, _ in pairs], [v for _, v in pairs], y0, yp0, u.t0[None]))
+    atol_s = jax.lax.stop_gradient(sensitivity_atol(jnp.broadcast_to(inputs.atol, (n,)), nu)[0])
+    qatol_s = jax.lax.stop_gradient(sensitivity_atol(inputs.quad_atol, nu)[0])
+    g_event = None
+    if config.event is not None:
+        cond = config.event.cond
+        g_event = dataclasses.replace(
+            config.event, cond=lambda t, Y, Yp, a: cond(t, Y[:n], Yp[:n], a[0]))
+    g_config = dataclasses.replace(
+        config, residual=augmented_residual(config.residual, n),
+        quadrature=augmented_quadrature(config.quadrature, n),
+        linear_solver=AugmentedSolver(config.linear_solver, n), init=None, event=g_event)
+    g_inputs = Inputs(
+        t0=inputs.t0, t1=inputs.t1, y0=jnp.concatenate([y0, s0]),
+        yp0=jnp.concatenate([yp0, sp0]), args=(inputs.args, u.args), saveat=inputs.saveat,
+        algebraic=jnp.concatenate([inputs.algebraic, inputs.algebraic]), rtol=inputs.rtol,
+        atol=jnp.concatenate([jnp.broadcast_to(inputs.atol, (n,)), atol_s]),
+        quad_rtol=inputs.quad_rtol, quad_atol=jnp.concatenate([inputs.quad_atol, qatol_s]),
+        tstop=inputs.tstop)
+    out = solve_core(g_config, g_inputs)
+    nq = inputs.quad_atol.shape[0]
+    primal = (out.yd[..., :n], out.qs[:, :nq], out.event_t, out.event_yd[..., :n])
+    tangent = (out.yd[..., n:], out.qs[:, nq:] + qs0[None])
+    if config.event is None:
+        tangent = tangent + (jnp.zeros_like(out.event_t), out.event_yd[..., n:])
+    else:
+        t_dot, yd_dot = event_tangents(config.event, inputs.args, out.event_t, out.event_mask,
+                                       out.event_yd[..., :n], out.event_yd[:, None, :, n:],
+                                       jax.tree_util.tree_map(lambda x: x[None], u.args))
+        tangent = tangent + (t_dot[0], yd_dot[0])
+    return primal, tangent, out.result
+
+
+# ------------------------------------------------------ the tangent primitive L(x) ẋ
+
+
+def _tangent_impl(config, inputs, rec, t, ndir):
+    """(ẏd, q̇s, ṫ*, ẏd*) — tangents of the dense output, quadratures and event roots."""
+    k = 1 if ndir is None else ndir
+    tk = t if ndir is not None else jax.tree_util.tree_map(lambda x: x[None], t)
+    dots, result = run_tangent(config, inputs, tk, k)
+    # Rows a terminal event left unreached (inf) carry no derivative.
+    dots = tuple(jnp.where(jnp.isfinite(d), d, 0.0) for d in dots)
+    dots = _flag_failure(config, result, rec.result, dots)
+    if ndir is None:
+        return tuple(d[0] for d in dots)
+    return dots
+
+
+def _flag_failure(config, result, primal_result, outs):
+    """Derivatives of a failed derived run: NaN (with `throw`, an error naming why).
+    When the primal solve itself failed, its own status reports it."""
+    bad = ~succeeded(result) & succeeded(primal_result)
+    failed = ~succeeded(result) | ~succeeded(primal_result)
+    outs = jax.tree_util.tree_map(lambda x: jnp.where(failed, jnp.nan, x), outs)
+    if config.throw:
+        outs = result.error_if(outs, bad)
+    return outs
+
+
+def _tangent_abstract(config, inputs, rec, t, ndir):
+    n = inputs.y0.shape[0]
+    nq = inputs.quad_atol.shape[0]
+    lead = () if ndir is None else (ndir,)
+    dtype = inputs.y0.dtype
+    m = inputs.saveat.shape[0]
+    R = 0 if config.event is None else config.event.n_roots
+    return (jax.core.ShapedArray(lead + (m, config.order + 1, n), dtype),
+            jax.core.ShapedArray(lead + (m, nq), dtype),
+            jax.core.ShapedArray(lead + (R,), dtype),
+            jax.core.ShapedArray(lead + (R, config.order + 2, n), dtype))
+
+
+def _tangent_jvp(primals, tangents):
+    config, inputs, rec, t, ndir = primals
+    _, inputs_dot, _, t_dot, _ = tangents
+    x_dot = None if inputs_dot is None else input_tangents(inputs, inputs_dot)
+    t_dot = _tangents_or_none(t_dot)
+    if x_dot is None:
+        out = eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, ndir)
+        if t_dot is None:
+            return out, None
+        t_dot = _restrict(_full(inputs, t_dot, _lead(ndir)), _wanted(t))
+        return out, eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t_dot, ndir)
+    xd = _differentiable_part(inputs)
+    xd_dot = _full(inputs, x_dot)
+    xd_dot = (xd_dot.t0, xd_dot.y0, xd_dot.yp0, xd_dot.args)
+    lead = _lead(ndir)
+    u = _full(inputs, t, lead)
+    u_dot = _full(inputs, t_dot, lead)
+
+    def S(xd_, u_):
+        return augmented(config, _with_differentiable(inputs, xd_), u_)[1]
+
+    def one(u_, ud_):
+        return jax.jvp(S, (xd, u_), (xd_dot, ud_))
+
+    if ndir is None:
+        return one(u, u_dot)
+    return jax.vmap(one)(u, u_dot)
+
+
+def _lead(ndir):
+    return () if ndir is None else (ndir,)
+
+
+def _tangents_or_none(t):
+    if t is None:
+        return None
+    if all(getattr(t, f) is None for f in ("t0", "y0", "yp0", "args")):
+        return None
+    return t
+
+
+def _only_linear(operand, cot):
+    """Cotangents for the leaves of `operand` that are linear (UndefinedPrimal) only:
+    JAX allows none for the defined ones (e.g. zeros a JVP rule materialized)."""
+    return jax.tree_util.tree_map(
+        lambda o, c: c if isinstance(o, jax.interpreters.ad.UndefinedPrimal) else None,
+        operand, cot, is_leaf=lambda x: isinstance(x, jax.interpreters.ad.UndefinedPrimal))
+
+
+def _linear_fields(t) -> Tangents:
+    """Marker of the fields of `t` with at least one linear (UndefinedPrimal) leaf."""
+    def linear(x):
+        return any(isinstance(v, jax.interpreters.ad.UndefinedPrimal)
+                   for v in jax.tree_util.tree_leaves(
+                       x, is_leaf=lambda v: isinstance(v, jax.interpreters.ad.UndefinedPrimal)))
+    return Tangents(**{f: (True if getattr(t, f) is not None and linear(getattr(t, f)) else None)
+                       for f in ("t0", "y0", "yp0", "args")})
+
+
+def _tangent_transpose(inputs_all, cts_out):
+    config, inputs, rec, t, ndir = inputs_all
+    wanted = _linear_fields(t)
+    shapes = _tangent_abstract(config, inputs, rec, t, ndir)
+    cts = tuple(jnp.zeros(sh.shape, sh.dtype) if c is None else c
+                for c, sh in zip(cts_out, shapes))
+    cot = eqxi.filter_primitive_bind(cotangent_p, config, inputs, rec, cts, wanted, ndir)
+    cot = Tangents(**{f: (None if getattr(t, f) is None else _only_linear(getattr(t, f), getattr(cot, f)))
+                      for f in ("t0", "y0", "yp0", "args")})
+    return _nones_like(config), _nones_like(inputs), _nones_like(rec), cot, None
+
+
+tangent_p = eqxi.create_vprim(
+    "daeadjoint_tangent",
+    eqxi.filter_primitive_def(_tangent_impl),
+    eqxi.filter_primitive_def(_tangent_abstract),
+    eqxi.filter_primitive_jvp(_tangent_jvp),
+    eqxi.filter_primitive_transpose(materialise_zeros=False)(_tangent_transpose),
+)
+
+
+# ---------------------------------------------------- the cotangent primitive L(x)ᵀ ȳ
+
+
+def _cotangent_impl(config, inputs, rec, ct, wanted, ndir):
+    """The reverse pass; a batch of cotangents (ndir) shares one backward integration."""
+    ctk = ct if ndir is not None else jax.tree_util.tree_map(lambda x: x[None], ct)
+    out, result = config.reverse.backward(config, inputs, rec, ctk, wanted)
+    out = _flag_failure(config, result, rec.result, out)
+    if ndir is None:
+        return jax.tree_util.tree_map(lambda x: x[0], out)
+    return out
+
+
+def _cotangent_abstract(config, inputs, rec, ct, wanted, ndir):
+    lead = _lead(ndir)
+    full = _full(inputs, None)
+    shape = lambda x: jax.core.ShapedArray(lead + jnp.shape(x), jnp.result_type(x))  # noqa: E731
+    return _restrict(jax.tree_util.tree_map(shape, full), wanted)
+
+
+def _cotangent_jvp(primals, tangents):
+    """d[L(x)ᵀ ȳ] = L(x)ᵀ δȳ + H(x, ȳ) δx, with H(x, ȳ) the Hessian of ⟨ȳ, y(x)⟩
+    (`hessian_p`, forward over adjoint). The primal output is the plain adjoint, so
+    primal and tangent stay separate computations (as reverse-over-reverse needs)."""
+    config, inputs, rec, ct, wanted, ndir = primals
+    _, inputs_dot, _, ct_dot, _, _ = tangents
+    x_dot = None if inputs_dot is None else input_tangents(inputs, inputs_dot)
+    out = eqxi.filter_primitive_bind(cotangent_p, config, inputs, rec, ct, wanted, ndir)
+    out_dot = None
+    if ct_dot is not None and any(c is not None for c in ct_dot):
+        ct_dot = tuple(jnp.zeros_like(c) if d is None else d for c, d in zip(ct, ct_dot))
+        out_dot = eqxi.filter_primitive_bind(cotangent_p, config, inputs, rec, ct_dot, wanted, ndir)
+    if x_dot is not None:
+        h = eqxi.filter_primitive_bind(hessian_p, config, inputs, ct, x_dot, wanted, ndir)
+        out_dot = h if out_dot is None else jax.tree_util.tree_map(jnp.add, out_dot, h)
+    return out, out_dot
+
+
+def _cotangent_transpose(inputs_all, cts_out):
+    config, inputs, rec, ct, wanted, ndir = inputs_all
+    t = _tangents_or_none(cts_out)
+    nones = (_nones_like(config), _nones_like(inputs), _nones_like(rec))
+    if t is None:
+        return (*nones, _nones_like(ct), _nones_like(wanted), None)
+    t = _restrict(_full(inputs, t, _lead(ndir)), wanted)
+    out = eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, ndir)
+    out = tuple(o if isinstance(c, jax.interpreters.ad.UndefinedPrimal) else None
+                for o, c in zip(out, ct))
+    return (*nones, out, _nones_like(wanted), None)
+
+
+cotangent_p = eqxi.create_vprim(
+    "daeadjoint_cotangent",
+    eqxi.filter_primitive_def(_cotangent_impl),
+    eqxi.filter_primitive_def(_cotangent_abstract),
+    eqxi.filter_primitive_jvp(_cotangent_jvp),
+    eqxi.filter_primitive_transpose(materialise_zeros=False)(_cotangent_transpose),
+)
+
+
+# ------------------------------------------------ the Hessian primitive H(x, ȳ) δx
+
+
+def _hessian_value(config, inputs, ct, x_dot, wanted):
+    """H(x, ȳ) δx = ∂_x ⟨ȳ, L(x) δx⟩: the vjp with respect to x of T's second output at
+    u = δx — one forward and one adjoint solve of the augmented DAE (G)."""
+    xd = _differentiable_part(inputs)
+    u = _full(inputs, x_dot)
+
+    def S(xd_):
+        return augmented(config, _with_differentiable(inputs, xd_), u)[1]
+
+    _, vjp = jax.vjp(S, xd)
+    (xbar,) = vjp(ct)
+    xbar = Tangents(t0=xbar[0], y0=xbar[1], yp0=xbar[2], args=xbar[3])
+    return _restrict(xbar, wanted)
+
+
+def _hessian_impl(config, inputs, ct, x_dot, wanted, ndir):
+    if ndir is None:
+        return _hessian_value(config, inputs, ct, x_dot, wanted)
+    return jax.vmap(lambda c: _hessian_value(config, inputs, c, x_dot, wanted))(ct)
+
+
+def _hessian_abstract(config, inputs, ct, x_dot, wanted, ndir):
+    return _cotangent_abstract(config, inputs, None, ct, wanted, ndir)
+
+
+def _hessian_jvp(primals, tangents):
+    """Third order: forward mode through the (custom_jvp) augmented solves; the tangent
+    in δx is H itself (linear)."""
+    config, inputs, ct, x_dot, wanted, ndir = primals
+    _, inputs_dot, ct_dot, x_dot_dot, _, _ = tangents
+    x2 = None if inputs_dot is None else input_tangents(inputs, inputs_dot)
+    out = eqxi.filter_primitive_bind(hessian_p, config, inputs, ct, x_dot, wanted, ndir)
+    terms = []
+    if x_dot_dot is not None and _tangents_or_none(x_dot_dot) is not None:
+        xdd = _restrict(_full(inputs, x_dot_dot), _wanted(x_dot))
+        terms.append(eqxi.filter_primitive_bind(hessian_p, config, inputs, ct, xdd, wanted, ndir))
+    if x2 is not None or (ct_dot is not None and any(c is not None for c in ct_dot)):
+        ctd = (jax.tree_util.tree_map(jnp.zeros_like, ct) if ct_dot is None else
+               tuple(jnp.zeros_like(c) if d is None else d for c, d in zip(ct, ct_dot)))
+        xd = _differentiable_part(inputs)
+        xd2 = _full(inputs, x2)
+        xd2 = (xd2.t0, xd2.y0, xd2.yp0, xd2.args)
+
+        def value(xd_, c):
+            return _hessian_impl(config, _with_differentiable(inputs, xd_), c, x_dot, wanted, ndir)
+
+        terms.append(jax.jvp(value, (xd, ct), (xd2, ctd))[1])
+    if not terms:
+        return out, None
+    return out, ft.reduce(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b), terms)
+
+
+def _hessian_transpose(inputs_all, cts_out):
+    """H(x, ȳ) is symmetric (a Hessian), so its transpose in δx is itself."""
+    config, inputs, ct, x_dot, wanted, ndir = inputs_all
+    w = _tangents_or_none(cts_out)
+    nones = (_nones_like(config), _nones_like(inputs), _nones_like(ct))
+    if w is None:
+        return (*nones, _nones_like(x_dot), _nones_like(wanted), None)
+    if ndir is not None:
+        raise NotImplementedError(
+            "daeadjoint: transposing a batch of Hessian-vector products in the observation "
+            "weights is not supported; vmap outside the derivative instead.")
+    w = _full(inputs, w)
+    out = eqxi.filter_primitive_bind(hessian_p, config, inputs, ct, w, _linear_fields(x_dot), None)
+    out = Tangents(**{f: (None if getattr(x_dot, f) is None else _only_linear(getattr(x_dot, f), getattr(out, f)))
+                      for f in ("t0", "y0", "yp0", "args")})
+    return (*nones, out, _nones_like(wanted), None)
+
+
+hessian_p = eqxi.create_vprim(
+    "daeadjoint_hessian",
+    eqxi.filter_primitive_def(_hessian_impl),
+    eqxi.filter_primitive_def(_hessian_abstract),
+    eqxi.filter_primitive_jvp(_hessian_jvp),
+    eqxi.filter_primitive_transpose(materialise_zeros=False)(_hessian_transpose),
+)
+
+
+# ------------------------------------------------------------------- batching rules
+
+
+def _unflatten(values, static, treedef):
+    it = iter(values)
+    flat = [next(it) if s is _MISSING else s for s in static]
+    return jax.tree_util.tree_unflatten(treedef, flat)
+
+
+def _missing_marker():
+    from equinox.internal import _primitive
+    return _primitive._missing_dynamic
+
+
+_MISSING = _missing_marker()
+_vprim_rules = {p: batching.fancy_primitive_batchers[p]
+                for p in (tangent_p, cotangent_p, hessian_p)}
+# Which operand of each primitive is linear (tangent, cotangent, direction).
+_LINEAR = {tangent_p: 3, cotangent_p: 3, hessian_p: 3}
+
+
+def _vmapped(prim, axis_data, vals, dims, params):
+    """create_vprim's rule (vmap of impl/jvp/transpose), with the linear operand
+    broadcast to the batch first: the transpose of a batched linear map gives a batched
+    cotangent, which vprim can only return for a batched operand (the broadcast's own
+    transpose then sums it, as JAX's semantics require)."""
+    if all(d is None for d in dims):
+        out = prim.bind(*vals, **params)
+        return out, [None] * len(out)
+    if axis_data.size == 1:
+        # A batch of one (jax.hessian of a scalar, jacrev of one output): no vmap of the
+        # integrators (whose batching rule re-traces every nested loop).
+        vals = [v if d is None else jnp.take(v, 0, axis=d) for v, d in zip(vals, dims)]
+        out = prim.bind(*vals, **params)
+        return [o[None] for o in out], [0] * len(out)
+    counter = iter(range(len(vals)))
+    flat_idx = [next(counter) if s is _MISSING else None for s in params["static"]]
+    tree_idx = jax.tree_util.tree_unflatten(params["treedef"], flat_idx)
+    vals, dims = list(vals), list(dims)
+    for i in jax.tree_util.tree_leaves(tree_idx[_LINEAR[prim]]):
+        if dims[i] is None:
+            vals[i] = jnp.broadcast_to(vals[i], (axis_data.size,) + jnp.shape(vals[i]))
+            dims[i] = 0
+    return _vprim_rules[prim](axis_data, tuple(vals), tuple(dims), **params)
+
+
+def _tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
+    """A batch of tangents alone (`jacfwd`, `vmap` of `jvp` over tangents) becomes the
+    directions of one sensitivity integration; anything else is vmapped (create_vprim)."""
+    if all(d is None for d in dims):
+        out = tangent_p.bind(*vals, treedef=treedef, static=static, flatten=flatten)
+        return out, [None] * len(out)
+    inputs_all = _unflatten(vals, static, treedef)
+    dims_all = _unflatten(dims, static, treedef)
+    config_d, inputs_d, rec_d, t_d, _ = dims_all
+    others = jax.tree_util.tree_leaves((config_d, inputs_d, rec_d))
+    if any(d is not None for d in others):
+        return _vmapped(tangent_p, axis_data, vals, dims,
+                        dict(treedef=treedef, static=static, flatten=flatten))
+    config, inputs, rec, t, ndir = inputs_all
+    b = axis_data.size
+
+    def to_front(x, d):
+        if d is None:
+            return jnp.broadcast_to(x, (b,) + jnp.shape(x))
+        return jnp.moveaxis(x, d, 0)
+
+    t = jax.tree_util.tree_map(to_front, t, t_d)
+    if ndir is not None:
+        t = jax.tree_util.tree_map(lambda x: x.reshape((b * ndir,) + x.shape[2:]), t)
+    new_ndir = b if ndir is None else b * ndir
+    out = eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, new_ndir)
+    if ndir is not None:
+        out = jax.tree_util.tree_map(lambda x: x.reshape((b, ndir) + x.shape[1:]), out)
+    out_dims = jax.tree_util.tree_map(lambda _: 0, out)
+    return flatten(out, out_dims)
+
+
+def _fold_batch(prim, linear: int):
+    """A batch of the linear operand alone (`jacrev`: many cotangents; `jacfwd` over a
+    Hessian-vector product: many directions) becomes `ndir` directions of one native
+    integration (operand index `linear`, `ndir` the last operand); anything else is
+    vmapped."""
+    def rule(axis_data, vals, dims, *, treedef, static, flatten):
+        if all(d is None for d in dims):
+            out = prim.bind(*vals, treedef=treedef, static=static, flatten=flatten)
+            return out, [None] * len(out)
+        inputs_all = _unflatten(vals, static, treedef)
+        dims_all = _unflatten(dims, static, treedef)
+        others = jax.tree_util.tree_leaves(dims_all[:linear] + dims_all[linear + 1:-1])
+        if any(d is not None for d in others):
+            return _vmapped(prim, axis_data, vals, dims,
+                            dict(treedef=treedef, static=static, flatten=flatten))
+        b = axis_data.size
+        ndir = inputs_all[-1]
+
+        def to_front(x, d):
+            if d is None:
+                return jnp.broadcast_to(x, (b,) + jnp.shape(x))
+            return jnp.moveaxis(x, d, 0)
+
+        lin = jax.tree_util.tree_map(to_front, inputs_all[linear], dims_all[linear])
+        if ndir is not None:
+            lin = jax.tree_util.tree_map(lambda x: x.reshape((b * ndir,) + x.shape[2:]), lin)
+        new_ndir = b if ndir is None else b * ndir
+        args = inputs_all[:linear] + (lin,) + inputs_all[linear + 1:-1] + (new_ndir,)
+        out = eqxi.filter_primitive_bind(prim, *args)
+        if ndir is not None:
+            out = jax.tree_util.tree_map(lambda x: x.reshape((b, ndir) + x.shape[1:]), out)
+        return flatten(out, jax.tree_util.tree_map(lambda _: 0, out))
+    return rule
+
+
+def _fallback_batch(prim):
+    def rule(axis_data, vals, dims, *, treedef, static, flatten):
+        return _vmapped(prim, axis_data, vals, dims,
+                        dict(treedef=treedef, static=static, flatten=flatten))
+    return rule
+
+
+batching.fancy_primitive_batchers[tangent_p] = _tangent_batch
+batching.fancy_primitive_batchers[cotangent_p] = _fold_batch(cotangent_p, 3)
+batching.fancy_primitive_batchers[hessian_p] = _fallback_batch(hessian_p)

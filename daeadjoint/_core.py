@@ -1,0 +1,336 @@
+"""The solve as a pure function of arrays: what `_autodiff.py` differentiates.
+
+`run_forward(config, inputs)` validates the run-time inputs, computes consistent initial
+values, integrates and writes the dense output; with `record=True` it also keeps what the
+reverse pass needs (`Record`: checkpoints or the step log). `run_tangent` is the same
+integration carrying k forward-sensitivity directions (the impl of the tangent primitive).
+Nothing here knows about JAX's transformations: step sizes and orders are plain values of
+the loop, never differentiated.
+"""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from ._bdf import error_weights, wrms
+from ._consistency import consistency_solve, consistent_values, initial_sensitivities
+from ._events import Event, EventState, event_tangents
+from ._forward_sensitivity import (ForwardSensitivity, SensitivityProblem, direction_scale,
+                                   sensitivity_atol)
+from ._initialization import violated
+from ._integrator import (CheckpointRecorder, DenseRecorder, Outputs, Problem, initial_state,
+                          initial_step, integrate, write_outputs)
+from ._linear_solver import AbstractLinearSolver
+from ._results import RESULTS
+
+
+class Config(eqx.Module):
+    """Everything about a solve that is not an input array (functions, modes, options).
+    Array leaves (e.g. in a linear solver's configuration) are data like any other."""
+
+    residual: Callable
+    quadrature: Callable | None
+    linear_solver: AbstractLinearSolver
+    reverse: Any                      # Adjoint | DiscreteAdjoint: how cotangents are computed
+    forward: ForwardSensitivity       # how tangents are computed
+    init: str | None = eqx.field(static=True)
+    max_steps: int = eqx.field(static=True)
+    suppress_algebraic_error: bool = eqx.field(static=True)
+    quad_error_control: bool = eqx.field(static=True)
+    order: int = eqx.field(static=True, default=2)   # dense output y, y', …, y^(order)
+    throw: bool = eqx.field(static=True, default=True)
+    max_order: int = eqx.field(static=True, default=5)
+    event: Event | None = None
+    progress: int = eqx.field(static=True, default=0)   # report every this many steps
+    dense: int = eqx.field(static=True, default=0)      # 1: step values, 2: + interpolant
+
+
+class Inputs(eqx.Module):
+    """The array inputs of a solve. Differentiable: `t0`, `y0`, `yp0` and the inexact
+    arrays in `args`; the rest must not carry tangents. `saveat` and
+    `t1` act on the outputs only through the dense output's time shift (in `_solve.py`),
+    so inside the core they are plain data."""
+
+    t0: Float[Array, ""]
+    t1: Float[Array, ""]
+    y0: Float[Array, " n"]
+    yp0: Float[Array, " n"]
+    args: Any
+    saveat: Float[Array, " n_save"]
+    algebraic: Bool[Array, " n"]
+    rtol: Float[Array, ""]
+    atol: Float[Array, " n"]
+    quad_rtol: Float[Array, ""]
+    quad_atol: Float[Array, " nq"]
+    tstop: Float[Array, ""]
+    constraints: Int[Array, " n"] | None = None   # IDASetConstraints codes, or None
+    max_step: Float[Array, ""] | float = jnp.inf
+    min_step: Float[Array, ""] | float = 0.0
+    first_step: Float[Array, ""] | float = jnp.nan   # NaN: IDAS's heuristic
+
+
+class Core(eqx.Module):
+    """The outputs of a run: dense output `yd[i, m]` = y^(m)(saveat[i]), quadratures,
+    IDAS statistics, status, and the last time reached."""
+
+    yd: Float[Array, "n_save order+1 n"]
+    qs: Float[Array, "n_save nq"]
+    stats: dict
+    result: RESULTS
+    t_final: Float[Array, ""]
+    init_info: tuple          # (reason, component) of a failed initialization
+    # Event roots (R = Event.n_roots; none without an event): times (inf if not found),
+    # the dense-output stack y^(m)(t*) for m = 0 … order+1, the components that crossed.
+    event_t: Float[Array, " R"]
+    event_yd: Float[Array, "R order+2 n"]
+    event_mask: Bool[Array, "R n_ev"]
+    dense: Any = None          # DenseRecorder with `steps=`/`dense=`, else None
+
+
+class Record(eqx.Module):
+    """What the reverse pass needs from the forward run: the consistent initial values,
+    hot-restart checkpoints (`Adjoint`) and/or the accepted step sequence
+    (`DiscreteAdjoint`), and the run's status."""
+
+    y0: Float[Array, " n"]
+    yp0: Float[Array, " n"]
+    checkpoints: Any
+    log: Any
+    result: RESULTS
+    t_final: Float[Array, ""]
+    event_t: Float[Array, " R"]
+    event_yd: Float[Array, "R order+2 n"]
+    event_mask: Bool[Array, "R n_ev"]
+
+
+def input_status(inputs: Inputs) -> RESULTS:
+    """Checks of the values only known at run time (traced inputs; the same checks run
+    before tracing in `_solve.py` when the values are concrete)."""
+    W = RESULTS.where
+    t0, t1, ts = inputs.t0, inputs.t1, inputs.saveat
+    finite = (jnp.isfinite(t0) & jnp.isfinite(t1) & jnp.all(jnp.isfinite(ts))
+              & jnp.all(jnp.isfinite(inputs.y0)) & jnp.all(jnp.isfinite(inputs.yp0)))
+    bad_tol = ((inputs.rtol < 0) | jnp.any(inputs.atol < 0) | ~jnp.isfinite(inputs.rtol)
+               | ~jnp.all(jnp.isfinite(inputs.atol))
+               | ((inputs.rtol == 0) & jnp.any(inputs.atol == 0)))
+    bad_saveat = ts.shape[0] > 0 and (jnp.any(ts < t0) | jnp.any(ts > t1)
+                                       | jnp.any(jnp.diff(ts) < 0))
+    bad_tstop = inputs.tstop < t1
+    result = RESULTS.successful
+    result = W(bad_tstop, RESULTS.invalid_tstop, result)
+    result = W(bad_saveat, RESULTS.invalid_saveat, result)
+    result = W(bad_tol, RESULTS.invalid_tolerance, result)
+    result = W(t1 <= t0, RESULTS.invalid_interval, result)
+    return W(~finite, RESULTS.nonfinite_input, result)
+
+
+def build_problem(config: Config, inputs: Inputs, sens=None, linear_solver=None) -> Problem:
+    n = inputs.y0.shape[0]
+    dtype = inputs.y0.dtype
+    error_mask = jnp.where(inputs.algebraic & config.suppress_algebraic_error, 0.0, 1.0)
+    return Problem(
+        residual=config.residual, quadrature=config.quadrature,
+        linear_solver=config.linear_solver if linear_solver is None else linear_solver,
+        args=inputs.args, rtol=inputs.rtol, atol=jnp.broadcast_to(inputs.atol, (n,)),
+        error_mask=error_mask.astype(dtype), quad_rtol=inputs.quad_rtol,
+        quad_atol=inputs.quad_atol, quad_error_control=config.quad_error_control,
+        tstop=inputs.tstop, sens=sens, constraints=inputs.constraints,
+        max_step=inputs.max_step, min_step=inputs.min_step, max_order=config.max_order,
+        event=config.event)
+
+
+def _with_progress(problem: Problem, config: Config) -> Problem:
+    return dataclasses.replace(problem, progress=config.progress)
+
+
+def _start_status(config: Config, inputs: Inputs, y0, yp0, init_ok, worst) -> RESULTS:
+    """Status before the first step: run-time input checks, then initialization, then
+    the residual at t0 (a NaN there is a domain error of the initial values, not a
+    singular matrix), then — without `init` — whether (y0, y'0) is consistent."""
+    W = RESULTS.where
+    result = input_status(inputs)
+    result = W((result == RESULTS.successful) & ~init_ok, RESULTS.initialization_failed, result)
+    f0 = config.residual(inputs.t0, y0, yp0, inputs.args)
+    result = W((result == RESULTS.successful) & ~jnp.all(jnp.isfinite(f0)),
+               RESULTS.nonfinite_initial_residual, result)
+    if inputs.constraints is not None:   # IDAS: y0 must satisfy the constraints
+        result = W((result == RESULTS.successful) & jnp.any(violated(inputs.constraints, y0)),
+                   RESULTS.initial_values_violate_constraints, result)
+    return result
+
+
+def inconsistent_start(config: Config, inputs: Inputs, y0, yp0) -> Bool[Array, ""]:
+    """Without `init`: whether the algebraic components of y0 are inconsistent beyond
+    the tolerances, ‖a∘C⁻¹F(t0, y0, y'0)‖_WRMS > 1 (the correction IDACalcIC would make;
+    C the consistency matrix). Used only to explain a first step that fails."""
+    if config.init is not None:
+        return jnp.zeros((), bool)
+    f0 = config.residual(inputs.t0, y0, yp0, inputs.args)
+    u, _ = consistency_solve(config.linear_solver, config.residual, inputs.t0, y0, yp0,
+                             inputs.args, inputs.algebraic, f0[None])
+    ewt = error_weights(y0, inputs.rtol, jnp.broadcast_to(inputs.atol, y0.shape))
+    return wrms(jnp.where(inputs.algebraic, u[0], 0.0), ewt) > 1.0
+
+
+def _explain_failure(config, inputs, y0, yp0, state) -> RESULTS:
+    """A failure before the first accepted step with inconsistent initial values is
+    reported as such (with the hint to use `init=`)."""
+    result = state.result
+    first = (state.stats["num_steps"] == 0) & (result != RESULTS.successful)
+    inconsistent = jax.lax.cond(first, lambda: inconsistent_start(config, inputs, y0, yp0),
+                                lambda: jnp.zeros((), bool))
+    return RESULTS.where(first & inconsistent & ~_is_start_failure(result),
+                         RESULTS.inconsistent_initial_conditions, result)
+
+
+def _is_start_failure(result):
+    """Statuses set before the first step (they already say what is wrong)."""
+    bad = jnp.zeros((), bool)
+    for r in (RESULTS.initialization_failed, RESULTS.nonfinite_initial_residual,
+              RESULTS.nonfinite_input, RESULTS.invalid_interval, RESULTS.invalid_saveat,
+              RESULTS.invalid_tolerance, RESULTS.invalid_tstop,
+              RESULTS.initial_values_violate_constraints):
+        bad = bad | (result == r)
+    return bad
+
+
+def _first_step(problem, inputs, h_heuristic):
+    """IDASetInitStep if given (`first_step`), else IDAS's heuristic; within max_step."""
+    h = jnp.where(jnp.isnan(inputs.first_step), h_heuristic, inputs.first_step)
+    return jnp.minimum(h, inputs.max_step)
+
+
+def run_forward(config: Config, inputs: Inputs, record: bool = False):
+    """Consistent initialization and the forward integration. Returns (Core, Record or
+    None)."""
+    y0, yp0, init_ok, worst = consistent_values(config, inputs)
+    problem = build_problem(config, inputs)
+    t0, t1, saveat = inputs.t0, inputs.t1, inputs.saveat
+    result0 = _start_status(config, inputs, y0, yp0, init_ok, worst)
+    # IDAS bases the first step on the distance to the first output time.
+    t_out = jnp.min(jnp.where(saveat > t0, saveat, t1))
+    qp0 = problem.quad(t0, y0, yp0)
+    h0 = _first_step(problem, inputs, initial_step(problem, t0, y0, yp0, qp0, t_out))
+    h0 = jnp.where(result0 == RESULTS.successful, h0, 1.0)
+    state = initial_state(problem, t0, y0, yp0, h0)
+    state = eqx.tree_at(lambda s: s.result, state, result0)
+    outputs = Outputs.create(saveat, y0.shape[0], qp0.shape[0], 0, config.order, y0.dtype)
+    outputs = jax.lax.cond(result0 == RESULTS.successful, lambda: write_outputs(state, outputs),
+                           lambda: outputs)   # rows at t0
+    recorders = ()
+    if record:
+        recorders = record_for(config, state)
+    if config.dense:
+        recorders = recorders + (DenseRecorder.create(state, config.max_steps, config.dense > 1),)
+    events = _event_state(config, inputs, y0, yp0, 0)
+    state, outputs, recorders, events = integrate(_with_progress(problem, config), state,
+                                                  outputs, t1, config.max_steps, recorders,
+                                                  events)
+    dense = None
+    if config.dense:
+        recorders, dense = recorders[:-1], recorders[-1]
+    state = eqx.tree_at(lambda s: s.result, state, _explain_failure(config, inputs, y0, yp0, state))
+    stats = dict(state.stats)
+    ev_t, ev_yd, ev_mask = _event_outputs(config, events, y0)
+    core = Core(yd=outputs.yd, qs=outputs.qs, stats=stats, result=state.result, t_final=state.t,
+                init_info=worst, event_t=ev_t, event_yd=ev_yd, event_mask=ev_mask, dense=dense)
+    if not record:
+        return core, None
+    checkpoints = log = None
+    for r in recorders:
+        if isinstance(r, CheckpointRecorder):
+            checkpoints = r
+        else:
+            log = r
+    return core, Record(y0=y0, yp0=yp0, checkpoints=checkpoints, log=log, result=state.result,
+                        t_final=state.t, event_t=ev_t, event_yd=ev_yd, event_mask=ev_mask)
+
+
+def _event_state(config: Config, inputs: Inputs, y0, yp0, k: int):
+    if config.event is None:
+        return None
+    return EventState.create(config.event, inputs.t0, y0, yp0, inputs.args, config.order, k)
+
+
+def _event_outputs(config: Config, events, y0):
+    """(event_t, event_yd, event_mask): the recorded roots, or empty arrays."""
+    if events is None:
+        n = y0.shape[0]
+        return (jnp.zeros((0,), y0.dtype), jnp.zeros((0, config.order + 2, n), y0.dtype),
+                jnp.zeros((0, 0), bool))
+    return events.t, events.yd, events.mask
+
+
+def record_for(config: Config, state) -> tuple:
+    """The recorders the configured reverse pass needs (`config.reverse.recorders`)."""
+    return config.reverse.recorders(state, config.max_steps)
+
+
+class Tangents(eqx.Module):
+    """Tangents of the differentiable inputs for k directions (leading axis k on every
+    array), None where a whole input has no tangent."""
+
+    t0: Any = None
+    y0: Any = None
+    yp0: Any = None
+    args: Any = None   # pytree like the inexact-array part of args, or None
+
+
+def run_tangent(config: Config, inputs: Inputs, tangents: Tangents, k: int):
+    """The forward integration carrying k sensitivity directions (IDAS's staggered
+    corrector): returns ((yd_dot (k, n_save, order+1, n), qs_dot (k, n_save, nq),
+    event_t_dot (k, R), event_yd_dot (k, R, order+2, n)), result).
+
+    Rows never reached are inf; a failed run (result) gives NaN derivatives for the
+    caller to report."""
+    y0, yp0, init_ok, worst = consistent_values(config, inputs)
+    dtype = y0.dtype
+    n = y0.shape[0]
+    t0, t1, saveat = inputs.t0, inputs.t1, inputs.saveat
+    s0, sp0, qs0, qsp0, sing = initial_sensitivities(config, inputs, y0, yp0, tangents, k)
+    dyn = eqx.filter(inputs.args, eqx.is_inexact_array)
+    x_dot = [tangents.y0, tangents.yp0]
+    x_val = [inputs.y0, inputs.yp0]
+    if tangents.args is not None:
+        x_dot += jax.tree_util.tree_leaves(tangents.args)
+        x_val += jax.tree_util.tree_leaves(dyn)
+    pairs = [(d, v) for d, v in zip(x_dot, x_val) if d is not None]
+    nu = direction_scale([d for d, _ in pairs], [v for _, v in pairs], y0, yp0,
+                         tangents.t0) if (pairs or tangents.t0 is not None) else jnp.ones((k,), dtype)
+    probe = build_problem(config, inputs)
+    nq = probe.quad(t0, y0, yp0).shape[0]
+    sens = SensitivityProblem(
+        args_dot=tangents.args, atol=sensitivity_atol(probe.atol, nu),
+        quad_atol=sensitivity_atol(jnp.broadcast_to(inputs.quad_atol, (nq,)), nu),
+        k=k, error_control=config.forward.error_control)
+    problem = build_problem(config, inputs, sens=sens)
+    result0 = _start_status(config, inputs, y0, yp0, init_ok, worst)
+    result0 = RESULTS.where((result0 == RESULTS.successful) & sing,
+                            RESULTS.singular_initial_sensitivity, result0)
+    t_out = jnp.min(jnp.where(saveat > t0, saveat, t1))
+    qp0 = problem.quad(t0, y0, yp0)
+    h0 = _first_step(problem, inputs, initial_step(problem, t0, y0, yp0, qp0, t_out, s0, sp0))
+    h0 = jnp.where(result0 == RESULTS.successful, h0, 1.0)
+    state = initial_state(problem, t0, y0, yp0, h0, s0, sp0, qsp0)
+    state = eqx.tree_at(lambda s: s.phiqs, state, state.phiqs.at[0].set(qs0))
+    state = eqx.tree_at(lambda s: s.result, state, result0)
+    outputs = Outputs.create(saveat, n, nq, k, config.order, dtype)
+    outputs = jax.lax.cond(result0 == RESULTS.successful, lambda: write_outputs(state, outputs),
+                           lambda: outputs)
+    events = _event_state(config, inputs, y0, yp0, k)
+    state, outputs, _, events = integrate(problem, state, outputs, t1, config.max_steps,
+                                          (), events)
+    yd_dot = jnp.moveaxis(outputs.sd, 1, 0)
+    qs_dot = jnp.moveaxis(outputs.qsd, 1, 0)
+    if events is None:
+        ev_t_dot = jnp.zeros((k, 0), dtype)
+        ev_yd_dot = jnp.zeros((k, 0, config.order + 2, n), dtype)
+    else:
+        ev_t_dot, ev_yd_dot = event_tangents(config.event, inputs.args, events.t, events.mask,
+                                             events.yd, events.sd, tangents.args)
+    return (yd_dot, qs_dot, ev_t_dot, ev_yd_dot), state.result

@@ -1,0 +1,202 @@
+r"""Forward sensitivities: the staggered corrector (IDAS manual §6.2.6).
+
+For k tangent directions (s_i(t0), ṗ_i) the sensitivities s_i = ∂y/∂x · ẋ_i satisfy the
+linearized DAE (IDAS manual eq. (6.11))
+
+    F_y s_i + F_y' s_i' + F_p ṗ_i = 0,
+
+integrated by the state's BDF formula and step sequence. After the state corrector has
+converged at (t_n, y_n, y'_n), each s_i is corrected by a modified Newton iteration with
+the state's iteration matrix J = F_y + cj F_y' and its factorization (eq. (6.13)):
+
+    J (ξ_{m+1} − ξ_m) = −[F_y ξ_m + F_y' (s'_(0) + cj (ξ_m − s_(0))) + F_p ṗ_i],
+
+the bracket being one `jax.jvp` of the residual at the converged point, all directions
+batched by `vmap` over one `jax.linearize`. The system is linear, so with a current J
+the second iteration only confirms convergence; a J built at an older point or cj makes
+it a few iterations more, and if it still fails J is rebuilt at (t_n, y_n, y'_n) and the
+iteration restarted (as IDAS's staggered solver calls lsetup).
+
+Quadrature sensitivities (§6.2.6.4) are corrected explicitly like the quadratures:
+q̇_i = q_y s_i + q_y' s_i' + q_p ṗ_i.
+
+Error control (§6.2.6.2): with `error_control=True` (IDAS's default, "full") the
+sensitivities enter the local error test and the step/order selection through the
+maximum of the state's and every direction's WRMS norm; their weights are
+1/(rtol |s_i| + atol_i) with atol_i the state's atol scaled to the direction (see
+`sensitivity_atol`).
+"""
+
+from typing import Any
+
+import equinox as eqx
+import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float
+
+from ._bdf import wrms
+from ._newton import EPS_NEWT, MAX_ITERS, RATE_MAX, TOLDEL, tree_where
+
+
+class SensitivityProblem(eqx.Module):
+    """The forward-sensitivity part of an integration: k directions.
+
+    - `args_dot`: tangents of the differentiable (inexact-array) leaves of `args`, each
+      with a leading axis of size k; None when no direction moves the parameters.
+    - `atol`: (k, n) absolute tolerances of the sensitivities; `quad_atol`: (k, nq).
+    - `error_control`: include them in the local error test (IDAS's full error control).
+    """
+
+    args_dot: Any
+    atol: Float[Array, "k n"]
+    quad_atol: Float[Array, "k nq"]
+    k: int = eqx.field(static=True)
+    error_control: bool = eqx.field(static=True, default=True)
+
+
+def sensitivity_atol(atol, scale) -> Float[Array, "k n"]:
+    """atol_j · ν_i for direction i (IDAS §6.2.6.2 sets atol_j/|p̄_i| for the direction
+    e_i of parameter p_i; for a general tangent ẋ_i the sensitivity scales with it, so the
+    tolerance must too: ν_i is the size of ẋ_i relative to the inputs it perturbs, see
+    `direction_scale`). Keeps the integration of s_i invariant under scaling of ẋ_i."""
+    return scale[:, None] * atol[None, :]
+
+
+def direction_scale(x_dot_leaves, x_leaves, y0, yp0, t0_dot) -> Float[Array, " k"]:
+    """ν_i = max over the perturbed inputs of |ẋ| / max(|x|, 1) (each leaf with a leading
+    axis k), plus the start-time shift |ṫ0| ‖y'(t0)‖∞ / max(‖y0‖∞, 1) — IDAS's p̄ = |p|
+    (floored at 1 so that inputs equal to zero do not make tolerances vanish). Directions
+    that perturb nothing get ν = 1 (their sensitivities stay exactly zero)."""
+    scales = []
+    for xd, x in zip(x_dot_leaves, x_leaves):
+        k = xd.shape[0]
+        rel = jnp.abs(xd) / jnp.maximum(jnp.abs(x), 1.0)[None]
+        scales.append(jnp.max(rel.reshape(k, -1), axis=1) if rel.size else jnp.zeros((k,)))
+    if t0_dot is not None:
+        scales.append(jnp.abs(t0_dot) * jnp.max(jnp.abs(yp0)) / jnp.maximum(jnp.max(jnp.abs(y0)), 1.0))
+    nu = jnp.max(jnp.stack(scales), axis=0)
+    return jnp.where(nu > 0, nu, 1.0)
+
+
+class SensitivityCorrection(eqx.Module):
+    ee: Float[Array, "k n"]           # s_n − s_(0) for every direction
+    converged: Bool[Array, ""]
+    lin_state: Any
+    jac_point: tuple
+    cj_old: Array
+    num_residual_evals: Array         # sensitivity residual evaluations (k directions each)
+    num_jacobian_evals: Array
+    linear_stats: dict
+
+
+def sensitivity_corrector(problem, sens: SensitivityProblem, t, y, yp, cj, s_pred, sp_pred,
+                          ewt_s, lin_state, jac_point, cj_old) -> SensitivityCorrection:
+    """Staggered corrector for all k directions at the converged state (t, y, y')."""
+    solver = problem.linear_solver
+    dyn, static = eqx.partition(problem.args, eqx.is_inexact_array)
+    int_ = jnp.int32
+
+    def f(y_, yp_, d_):
+        return problem.residual(t, y_, yp_, eqx.combine(d_, static))
+
+    _, f_lin = jax.linearize(f, y, yp, dyn)
+    zero_dyn = jax.tree_util.tree_map(jnp.zeros_like, dyn)
+
+    def sens_residual(e):
+        """(k, n): F_y s + F_y' s' + F_p ṗ with s = s_(0) + e, s' = s'_(0) + cj e."""
+        if sens.args_dot is None:
+            return jax.vmap(lambda s, sp: f_lin(s, sp, zero_dyn))(s_pred + e, sp_pred + cj * e)
+        return jax.vmap(f_lin)(s_pred + e, sp_pred + cj * e, sens.args_dot)
+
+    # J at the converged state (matrix-free solvers: the staggered direct method).
+    operator = (lambda v: f_lin(v, cj * v, zero_dyn)) if solver.needs_operator else None
+
+    def norm(v):
+        return jnp.max(jax.vmap(wrms)(v, ewt_s))
+
+    def iterate(lin, cj_lin):
+        """≤ MAX_ITERS modified Newton iterations from e = 0 with the factors `lin`."""
+        scale = 1.0 if solver.matrix_free else 2.0 / (1.0 + cj / cj_lin)
+
+        def cond(c):
+            return c["status"] == 0
+
+        def body(c):
+            r = sens_residual(c["ee"])
+            delta, stats = jax.vmap(
+                lambda rhs, w: solver.solve(lin, -rhs, weights=w, operator=operator))(r, ewt_s)
+            delta = delta * scale
+            delnrm = norm(delta)
+            m = c["m"]
+            first = m == 0
+            rate = (delnrm / jnp.where(first, 1.0, c["oldnrm"])) ** (1.0 / jnp.maximum(m, 1))
+            diverging = ~first & (rate > RATE_MAX)
+            ss = jnp.where(first, c["ss"], rate / (1.0 - rate))
+            conv = (first & (delnrm <= 1e-4 * TOLDEL)) | (~diverging & (ss * delnrm <= EPS_NEWT))
+            bad = ~jnp.all(jnp.isfinite(r)) | ~jnp.isfinite(delnrm)
+            failed = bad | diverging | (~conv & (m + 1 >= MAX_ITERS))
+            status = jnp.where(conv & ~bad, 1, jnp.where(failed, 2, 0)).astype(int_)
+            return dict(ee=c["ee"] + delta, m=m + 1, oldnrm=jnp.where(first, delnrm, c["oldnrm"]),
+                        ss=ss, status=status, nre=c["nre"] + 1,
+                        lin_stats={k: c["lin_stats"][k] + jnp.sum(stats[k]) for k in c["lin_stats"]})
+
+        zero = jnp.zeros((), int_)
+        init = dict(ee=jnp.zeros_like(s_pred), m=zero, oldnrm=jnp.ones((), y.dtype),
+                    ss=jnp.asarray(20.0, y.dtype), status=zero, nre=zero,
+                    lin_stats={k: zero for k in solver.stat_names})
+        return jax.lax.while_loop(cond, body, init)
+
+    first_try = iterate(lin_state, cj_old)
+    retry = first_try["status"] != 1
+
+    # With a stale J the iteration may fail to converge: rebuild J at the converged state
+    # (IDAS's staggered solver calls lsetup) and iterate again.
+    def rebuild():
+        new = solver.setup(problem.residual, t, y, yp, cj, problem.args)
+        return tree_where(retry, new, lin_state)
+
+    lin_new = jax.lax.cond(eqxi.unvmap_any(retry), rebuild, lambda: lin_state)
+    second_try = jax.lax.cond(eqxi.unvmap_any(retry), lambda: iterate(lin_new, cj),
+                              lambda: first_try)
+    out = tree_where(retry, second_try, first_try)
+    singular = retry & solver.is_singular(lin_new)
+    lin_stats = {k: first_try["lin_stats"][k] + jnp.where(retry, second_try["lin_stats"][k], 0)
+                 for k in first_try["lin_stats"]}
+    return SensitivityCorrection(
+        ee=out["ee"], converged=(out["status"] == 1) & ~singular, lin_state=lin_new,
+        jac_point=tree_where(retry, (t, y, yp), jac_point),
+        cj_old=jnp.where(retry, cj, cj_old),
+        num_residual_evals=first_try["nre"] + jnp.where(retry, second_try["nre"], 0),
+        num_jacobian_evals=retry.astype(int_), linear_stats=lin_stats)
+
+
+def quadrature_sensitivities(problem, sens: SensitivityProblem, t, y, yp, s, sp):
+    """(k, nq): q_y s_i + q_y' s_i' + q_p ṗ_i (IDAS §6.2.6.4)."""
+    dyn, static = eqx.partition(problem.args, eqx.is_inexact_array)
+
+    def q(y_, yp_, d_):
+        return jnp.asarray(problem.quadrature(t, y_, yp_, eqx.combine(d_, static)), y.dtype)
+
+    _, q_lin = jax.linearize(q, y, yp, dyn)
+    if sens.args_dot is None:
+        zero_dyn = jax.tree_util.tree_map(jnp.zeros_like, dyn)
+        return jax.vmap(lambda s_, sp_: q_lin(s_, sp_, zero_dyn))(s, sp)
+    return jax.vmap(q_lin)(s, sp, sens.args_dot)
+
+
+class ForwardSensitivity(eqx.Module):
+    """How forward-mode derivatives through `solve` (`jax.jvp`, `jax.jacfwd`,
+    `jax.linearize`, and the forward half of Hessians) are computed: forward sensitivities
+    by IDAS's staggered corrector, all tangent directions of a `jacfwd` in one integration
+    sharing the state's steps and factorizations.
+
+    **Arguments:**
+
+    - `error_control`: include the sensitivities in the local error test and in the
+      step/order selection (IDAS's full error control, the default: the derivatives are
+      then as accurate as the solution); False is IDAS's partial error control (the steps
+      are chosen for y alone — cheaper, but the sensitivities' error is not controlled).
+    """
+
+    error_control: bool = eqx.field(static=True, default=True)

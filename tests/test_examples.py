@@ -1,0 +1,60 @@
+"""Smoke runs of every script in examples/: each runs to completion in a fresh Python
+process (as a user runs it), in an empty working directory, and writes its figure there.
+
+The new examples take `--quick` (a few seconds of compute; most of the wall time is JAX
+compilation). The two oldest predate it and are run with their own small settings.
+Quick runs of up to ~30 s on 2 cores are in the default suite; longer ones are marked slow
+(run them with `python -m pytest --runslow tests/test_examples.py`).
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+# script -> (command-line arguments of the smoke run, figure it writes, slow?)
+SMOKE_RUNS = {
+    "rectifier_circuit.py": (["--quick"], "rectifier_circuit.png", False),
+    "batched_sensitivities.py": (["--quick"], "batched_sensitivities.png", False),
+    # 35-37 s each on main at 214578d (2 cores, mostly compilation of L-BFGS's line
+    # search / of vmap over an MLP-closure DAE): over the default suite's budget.
+    "least_squares_barnes.py": (["--quick"], "least_squares_barnes.png", True),
+    "neural_dae.py": (["--quick"], "neural_dae.png", True),
+    "fit_robertson.py": (["--iterations", "3"], "fit_robertson.png", False),
+    "robertson_forward.py": ([], "robertson_forward.png", False),
+}
+
+
+def test_every_example_has_a_smoke_run():
+    scripts = sorted(p.name for p in EXAMPLES.glob("*.py"))
+    assert scripts == sorted(SMOKE_RUNS), (
+        "add new examples to SMOKE_RUNS in tests/test_examples.py (and remove deleted ones)")
+
+
+def _params():
+    for script, (argv, figure, slow) in sorted(SMOKE_RUNS.items()):
+        marks = [pytest.mark.slow] if slow else []
+        yield pytest.param(script, argv, figure, id=script.removesuffix(".py"), marks=marks)
+
+
+@pytest.mark.parametrize("script, argv, figure", list(_params()))
+def test_example_runs_and_writes_its_figure(script, argv, figure, tmp_path):
+    env = dict(os.environ)
+    # This checkout's package, whatever is installed; single-threaded BLAS; no display.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["OPENBLAS_NUM_THREADS"] = "1"
+    env["MPLBACKEND"] = "Agg"
+    proc = subprocess.run([sys.executable, str(EXAMPLES / script), *argv], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    output = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, f"{script} failed:\n{output}"
+    png = tmp_path / figure
+    assert png.is_file(), f"{script} did not write {figure}:\n{output}"
+    # A PNG signature and more than an empty canvas (a blank 1-panel figure is ~5 kB).
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 20_000, f"{figure} is suspiciously small"

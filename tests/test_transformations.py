@@ -1,0 +1,221 @@
+"""Every JAX transformation through `solve`: forward sensitivities against IDAS's FSA
+values, forward mode against reverse mode, second derivatives against exact ones and
+against central differences of adjoint gradients (REFERENCE_VALUES.md R1, R4)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import daeadjoint as dae
+from problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
+                      oscillator, robertson)
+from test_adjoint import IDAS_ASA, IDAS_FSA, KIN_TS, KIN_W, kinetics, kinetics_grad, kinetics_loss
+
+# ------------------------------------------------------- R1: forward sensitivities
+ROB_ATOL = jnp.array([1e-8, 1e-14, 1e-6])     # idasRoberts_FSA_dns / _ASAi_dns
+
+
+@jax.jit
+def robertson_sensitivities(p, rtol):
+    """∂y/∂p at IDAS's output times by jax.jacfwd: one forward integration carrying the
+    three directions (staggered corrector, full error control)."""
+    def ys(p):
+        return dae.solve(robertson, 0.0, 4e10, ROBERTSON_Y0, ROBERTSON_YP0, p,
+                         algebraic=ROBERTSON_ALGEBRAIC, saveat=jnp.array([0.4, 40.0, 4e4, 4e10]),
+                         rtol=rtol, atol=ROB_ATOL * rtol / 1e-6).ys
+    return jax.jacfwd(ys)(p)
+
+
+def test_robertson_forward_sensitivities_match_idas_fsa():
+    """s1 = ∂y/∂p1 at t = 40 from IDAS's FSA run at rtol 1e-6: (−4.2476, 4.5912e-5,
+    4.2475), to its 5 printed digits (half a unit in the last digit, plus 1% of that for
+    our own rounding). The second component is the sensitivity of y2 ~ 1e-5, at the
+    atol floor of y2's tolerance (1e-14) relative to its own size 5e-5: still 5 digits."""
+    S = np.asarray(robertson_sensitivities(ROBERTSON_P, 1e-6))
+    s1_40 = S[1, :, 0]
+    idas = np.array([-4.2476e00, 4.5912e-05, 4.2475e00])
+    assert np.all(np.abs(s1_40 - idas) <= 5e-5 * np.abs(idas) * 1.01), s1_40
+    # Algebraic y3 = 1 − y1 − y2, so its sensitivity is minus the others' sum (exactly,
+    # since the corrector satisfies the algebraic equation to the Newton tolerance).
+    np.testing.assert_allclose(S[:, 2, :], -(S[:, 0, :] + S[:, 1, :]), rtol=1e-6, atol=1e-12)
+
+
+@jax.jit
+def robertson_G_forward(p, rtol):
+    """dG/dp for G = ∫ y3 by forward sensitivities (jacfwd) at IDAS's FSA settings."""
+    def G(p):
+        return dae.solve(robertson, 0.0, 4e10, ROBERTSON_Y0, ROBERTSON_YP0, p,
+                         algebraic=ROBERTSON_ALGEBRAIC, rtol=rtol,
+                         atol=ROB_ATOL * rtol / 1e-6, quadrature=lambda t, y, yp, p: y[2:3],
+                         quad_error_control=True).qs[-1, 0]
+    return jax.jacfwd(G)(p)
+
+
+def test_jacfwd_of_G_agrees_with_the_adjoint():
+    """Forward mode and the adjoint are two methods at the same tolerance: at rtol 1e-6
+    they must agree within the spread IDAS's own FSA and ASA runs show there
+    (|ASA − FSA|, ~1e-3 relative); and as the tolerance tightens forward mode converges
+    to the adjoint's converged gradient (within 1e-4 relative at rtol 1e-8: the
+    global-error bound 100·rtol of the forward tests)."""
+    from test_adjoint import robertson_G_grad
+    fwd6 = np.asarray(robertson_G_forward(ROBERTSON_P, 1e-6))
+    _, adj6 = robertson_G_grad(ROBERTSON_P, 1e-6)
+    assert np.all(np.abs(fwd6 - np.asarray(adj6)) <= np.abs(IDAS_ASA - IDAS_FSA)), (fwd6, adj6)
+    fwd8 = np.asarray(robertson_G_forward(ROBERTSON_P, 1e-8))
+    _, adj10 = robertson_G_grad(ROBERTSON_P, 1e-10)
+    np.testing.assert_allclose(fwd8, np.asarray(adj10), rtol=1e-4)
+
+
+# ------------------------------------- nonlinear index 1: forward == reverse == FD
+def _theta_loss(theta, rtol):
+    """The kinetics loss of test_adjoint with an observation time also a parameter."""
+    return kinetics_loss_t(theta[:6], theta[6], rtol)
+
+
+def kinetics_loss_t(theta, t_obs, rtol):
+    p, y0d = theta[:4], theta[4:]
+    y0 = jnp.concatenate([y0d, jnp.zeros(1)])
+    sol = dae.solve(kinetics, 0.0, 3.0, y0, jnp.zeros(3), p, saveat=KIN_TS.at[1].set(t_obs),
+                    algebraic=jnp.array([False, False, True]), init="ya_ydp",
+                    quadrature=lambda t, y, yp, p: y[2:3] ** 2, quad_error_control=True,
+                    rtol=rtol, atol=rtol)
+    return (jnp.sum(KIN_W * sol.ys) + jnp.sum(jnp.sin(sol.ys[:, 2]))
+            + 0.7 * sol.yps[1, 0] + sol.qs[-1, 0])
+
+
+THETA7 = jnp.array([0.8, 2.0, 0.3, 0.5, 1.0, 0.2, 1.0])
+_fwd7 = jax.jit(jax.jacfwd(_theta_loss))
+_rev7 = jax.jit(jax.grad(_theta_loss))
+
+
+def test_jacfwd_equals_jacrev_nonlinear_index1():
+    """Parameters in the residual, in y0 (with init="ya_ydp") and an observation time;
+    outputs on all components incl. the algebraic one, on y' and a quadrature. At rtol
+    1e-9 both modes are within ~100·rtol of the truth, so they agree to 1e-6 of the
+    gradient's size; and both agree with central differences (step 1e-4 at rtol 1e-12:
+    truncation ~1e-8, noise ~1e-8) to the same."""
+    gf = np.asarray(_fwd7(THETA7, 1e-9))
+    gr = np.asarray(_rev7(THETA7, 1e-9))
+    scale = np.max(np.abs(gr))
+    np.testing.assert_allclose(gf, gr, rtol=0, atol=1e-6 * scale)
+    f = jax.jit(_theta_loss)
+    eps = 1e-4
+    fd = np.array([(f(THETA7.at[i].add(eps), 1e-12) - f(THETA7.at[i].add(-eps), 1e-12)) / (2 * eps)
+                   for i in range(7)])
+    np.testing.assert_allclose(gf, fd, rtol=0, atol=1e-6 * scale)
+
+
+@jax.jit
+def kinetics_algebraic(p, rtol):
+    y0 = jnp.array([1.0, 0.2, 0.0])
+    return dae.solve(kinetics, 0.0, 3.0, y0, jnp.zeros(3), p, saveat=KIN_TS,
+                     algebraic=jnp.array([False, False, True]), init="ya_ydp", rtol=rtol,
+                     atol=rtol).ys[:, 2]
+
+
+def test_forward_sensitivities_of_algebraic_components():
+    """∂y3(t_i)/∂p of the algebraic y3 (the cubic y3³ + y3 = y1 + p4 y2) by jacfwd at
+    rtol 1e-9 against central differences (step 1e-5, rtol 1e-12: truncation ~1e-10,
+    noise ~1e-7): 1e-6 of the largest entry."""
+    p = jnp.array([0.8, 2.0, 0.3, 0.5])
+    S = np.asarray(jax.jit(jax.jacfwd(kinetics_algebraic))(p, 1e-9))
+    eps = 1e-5
+    fd = np.stack([(kinetics_algebraic(p.at[i].add(eps), 1e-12)
+                    - kinetics_algebraic(p.at[i].add(-eps), 1e-12)) / (2 * eps) for i in range(4)], 1)
+    np.testing.assert_allclose(S, fd, rtol=0, atol=1e-6 * np.max(np.abs(fd)))
+
+
+def test_vmap_of_jacfwd_and_linearize():
+    """jax.vmap(jax.jacfwd(...)) over two parameter sets equals each member's jacfwd (to
+    20 tolerance units, as the forward vmap tests: members take their own steps), and
+    jax.linearize's linear map equals jacfwd."""
+    ps = jnp.array([[0.8, 2.0, 0.3, 0.5], [1.2, 1.0, 0.5, 0.2]])
+    batched = jax.jit(jax.vmap(jax.jacfwd(kinetics_algebraic), in_axes=(0, None)))(ps, 1e-8)
+    single = jax.jit(jax.jacfwd(kinetics_algebraic))
+    for i in range(2):
+        np.testing.assert_allclose(batched[i], single(ps[i], 1e-8), rtol=2e-7, atol=2e-7)
+    _, lin = jax.linearize(lambda p: kinetics_algebraic(p, 1e-8), ps[0])
+    v = jnp.array([0.3, -0.2, 0.5, 0.1])
+    np.testing.assert_allclose(lin(v), single(ps[0], 1e-8) @ v, rtol=1e-6, atol=1e-9)
+
+
+# ------------------------------------------------------------- second order
+def _x1(t, x, xp, args):
+    return x[:1]
+
+
+@jax.jit
+def r4_hessians(theta, rtol):
+    """Hessians of ψ1 = x1(π/2) and ψ2 = ∫ x1 w.r.t. (c, v0) by jax.hessian (forward
+    over adjoint); π/2 falls inside a step (no tstop)."""
+    def psi(th):
+        c, v0 = th[0], th[1]
+        sol = dae.solve(oscillator, 0.0, jnp.pi / 2, jnp.stack([0.0, v0]), jnp.stack([v0, 0.0]),
+                        jnp.stack([c]), quadrature=_x1, quad_error_control=True, rtol=rtol,
+                        atol=rtol)
+        return jnp.stack([sol.ys[-1, 0], sol.qs[-1, 0]])
+    return jax.hessian(psi)(theta)
+
+
+def test_oscillator_second_derivatives_exact():
+    """x1 = v0 sin(√c t)/√c and ∫ x1 = v0(1 − cos(√c t1))/c (Eberhard & Bischof's
+    oscillator): their exact Hessians at c = 1, v0 = 1/2, within 100·rtol at rtol 1e-6 and
+    1e-8 (the global-error bound of the exact-solution tests; the second derivatives come
+    from the augmented DAE integrated at the same tolerance)."""
+    theta = jnp.array([1.0, 0.5])
+
+    def exact(th):
+        c, v0 = th[0], th[1]
+        w, t1 = jnp.sqrt(c), jnp.pi / 2
+        return jnp.stack([v0 * jnp.sin(w * t1) / w, v0 * (1 - jnp.cos(w * t1)) / c])
+
+    H_exact = np.asarray(jax.hessian(exact)(theta))
+    for rtol in (1e-6, 1e-8):
+        H = np.asarray(r4_hessians(theta, rtol))
+        np.testing.assert_allclose(H, H_exact, rtol=0, atol=100 * rtol)
+
+
+def _robertson_G_short(p, rtol):
+    """G = ∫_0^{4e5} y3 (a horizon over which the second-order adjoint is well
+    conditioned; see docs on the cost at t ~ 1e10)."""
+    return dae.solve(robertson, 0.0, 4e5, ROBERTSON_Y0, ROBERTSON_YP0, p,
+                     algebraic=ROBERTSON_ALGEBRAIC, rtol=rtol, atol=ROB_ATOL * rtol / 1e-6,
+                     quadrature=lambda t, y, yp, p: y[2:3]).qs[-1, 0]
+
+
+_rob_grad = jax.jit(jax.grad(_robertson_G_short))
+_rob_hvp = jax.jit(lambda p, v, r: jax.jvp(lambda q: jax.grad(_robertson_G_short)(q, r),
+                                           (p,), (v,))[1])
+
+
+def _hvp_vs_fd(hvp, grad, x, v, rtol_hvp, rtol_fd, eps):
+    h = np.asarray(hvp(x, v, rtol_hvp))
+    fd = (np.asarray(grad(x + eps * v, rtol_fd)) - np.asarray(grad(x - eps * v, rtol_fd))) / (2 * eps)
+    return h, fd
+
+
+def test_hvp_robertson_against_differences_of_adjoint_gradients():
+    """jvp(grad G) (forward over adjoint) in a direction v that moves every rate constant
+    by a relative amount, at rtol 1e-8, against central differences of adjoint gradients
+    (ε = 1e-3 relative, gradients at rtol 1e-10): FD truncation ~ε² ~ 1e-6, noise ~1e-8/ε
+    = 1e-5 relative, the HVP's own error ~100·rtol = 1e-6: agree to 5e-5 relative."""
+    v = ROBERTSON_P * jnp.array([1.0, -1.0, 0.5])
+    h, fd = _hvp_vs_fd(_rob_hvp, _rob_grad, ROBERTSON_P, v, 1e-8, 1e-10, 1e-3)
+    np.testing.assert_allclose(h, fd, rtol=5e-5)
+
+
+_kin_hvp = jax.jit(lambda th, v, r: jax.jvp(lambda q: jax.grad(kinetics_loss)(q, r),
+                                            (th,), (v,))[1])
+
+
+def test_hvp_nonlinear_index1():
+    """The kinetics loss (parameters in residual and y0, init="ya_ydp", algebraic
+    observations, quadrature): jvp(grad) against central differences of adjoint
+    gradients (step 1e-4, gradients at rtol 1e-11: truncation ~1e-8, noise ~1e-7; HVP at
+    rtol 1e-9), 1e-5 of its size. (Full Hessians: the oscillator test above; forward over
+    forward and reverse over reverse: tests/test_new_user_defects.py.)"""
+    theta = jnp.array([0.8, 2.0, 0.3, 0.5, 1.0, 0.2])
+    v = jnp.array([0.3, -0.2, 0.5, 0.1, -0.4, 0.7])
+    h, fd = _hvp_vs_fd(_kin_hvp, kinetics_grad, theta, v, 1e-9, 1e-11, 1e-4)
+    scale = np.max(np.abs(fd))
+    np.testing.assert_allclose(h, fd, rtol=0, atol=1e-5 * scale)
