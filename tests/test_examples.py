@@ -4,7 +4,8 @@ process (as a user runs it), in an empty working directory, and writes its figur
 The new examples take `--quick` (a few seconds of compute; most of the wall time is JAX
 compilation). The two oldest predate it and are run with their own small settings.
 Quick runs of up to ~30 s on 2 cores are in the default suite; longer ones are marked slow
-(run them with `python -m pytest --runslow tests/test_examples.py`).
+(run them with `python -m pytest --runslow tests/test_examples.py`; `.ci/run` does, so
+CI smoke-runs every example).
 """
 
 import os
@@ -25,6 +26,9 @@ SMOKE_RUNS = {
     # search / of vmap over an MLP-closure DAE): over the default suite's budget.
     "least_squares_barnes.py": (["--quick"], "least_squares_barnes.png", True),
     "neural_dae.py": (["--quick"], "neural_dae.png", True),
+    # 68 s on a loaded 2-core machine (compiling vmap(jacrev) and value_and_grad through
+    # a terminal event).
+    "fit_event_time.py": (["--quick"], "fit_event_time.png", True),
     "fit_robertson.py": (["--iterations", "3"], "fit_robertson.png", False),
     "robertson_forward.py": ([], "robertson_forward.png", False),
 }
