@@ -413,6 +413,11 @@ def solve(
     t0, t1, y0, yp0, saveat, algebraic, rtol, atol, tstop = _check_inputs(
         residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quadrature, rtol, atol,
         tstop, max_steps)
+    # Python floats in `args` become (weakly typed) arrays: traced, hence differentiable,
+    # and a new value reuses the compiled solve instead of recompiling it as a new static
+    # constant would (ints and non-numeric leaves stay static: they may set shapes).
+    args = jax.tree_util.tree_map(
+        lambda a: jnp.asarray(a) if isinstance(a, (float, complex)) else a, args)
     if yp0 is None:
         yp0 = jnp.zeros_like(y0)
         if init is None:
