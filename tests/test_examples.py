@@ -21,6 +21,8 @@ EXAMPLES = ROOT / "examples"
 # script -> (command-line arguments of the smoke run, figure it writes, slow?)
 SMOKE_RUNS = {
     "rectifier_circuit.py": (["--quick"], "rectifier_circuit.png", False),
+    # ~60 s (compiling vmap(jacfwd) through a terminal event on an algebraic unknown).
+    "battery_discharge.py": (["--quick"], "battery_discharge.png", True),
     "batched_sensitivities.py": (["--quick"], "batched_sensitivities.png", False),
     # 35-37 s each on main at 214578d (2 cores, mostly compilation of L-BFGS's line
     # search / of vmap over an MLP-closure DAE): over the default suite's budget.
