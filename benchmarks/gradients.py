@@ -228,7 +228,7 @@ def heat_setup(M: int):
         sol = solve(a[0][0], a[0][1], a[1])
         return jnp.sum(sol.ys[-1] * sol.yps[-1])
 
-    return dict(N=N, args=(jnp.array([1.0, 1.0]), u0), loss=loss, uut=uut)
+    return dict(N=N, args=(jnp.array([1.0, 1.0]), u0), loss=loss, uut=uut, solve=solve)
 
 
 BARNES_Y0 = jnp.array([1.0, 0.3])

@@ -48,7 +48,7 @@ from ._consistency import consistent_values, initial_sensitivities
 from ._core import Inputs, Tangents, run_forward, run_tangent
 from ._events import event_tangents
 from ._forward_sensitivity import direction_scale, sensitivity_atol
-from ._results import succeeded
+from ._results import RESULTS, succeeded
 
 # ------------------------------------------------------------------------- utilities
 
@@ -273,13 +273,25 @@ def _tangent_impl(config, inputs, rec, t, ndir):
 
 def _flag_failure(config, result, primal_result, outs):
     """Derivatives of a failed derived run: NaN (with `throw`, an error naming why).
-    When the primal solve itself failed, its own status reports it."""
-    bad = ~succeeded(result) & succeeded(primal_result)
+    When the primal solve itself failed, its own status reports it. A derived run that
+    fails the run-time input checks (t1 <= t0, non-finite or unsorted times, ...) gets
+    NaN without an error: the primal solve checked those same inputs, so they are
+    placeholders no solve ran on — e.g. the zero-filled Jacobian that optimistix's
+    Gauss–Newton/Levenberg–Marquardt evaluate in their first step and discard."""
+    bad = ~succeeded(result) & succeeded(primal_result) & ~_input_failure(result)
     failed = ~succeeded(result) | ~succeeded(primal_result)
     outs = jax.tree_util.tree_map(lambda x: jnp.where(failed, jnp.nan, x), outs)
     if config.throw:
         outs = result.error_if(outs, bad)
     return outs
+
+
+def _input_failure(result):
+    bad = jnp.zeros((), bool)
+    for r in (RESULTS.nonfinite_input, RESULTS.invalid_interval, RESULTS.invalid_saveat,
+              RESULTS.invalid_tolerance, RESULTS.invalid_tstop):
+        bad = bad | (result == r)
+    return bad
 
 
 def _tangent_abstract(config, inputs, rec, t, ndir):

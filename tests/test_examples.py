@@ -31,6 +31,9 @@ SMOKE_RUNS = {
     # 68 s on a loaded 2-core machine (compiling vmap(jacrev) and value_and_grad through
     # a terminal event).
     "fit_event_time.py": (["--quick"], "fit_event_time.png", True),
+    # ~2.5 min on a loaded 2-core machine, nearly all compilation (LM step with jacfwd
+    # through solve, jax.jacfwd, jax.hessian, optax L-BFGS).
+    "fit_least_squares_optimistix.py": (["--quick"], "fit_least_squares_optimistix.png", True),
     "fit_robertson.py": (["--iterations", "3"], "fit_robertson.png", False),
     "robertson_forward.py": ([], "robertson_forward.png", False),
 }

@@ -219,3 +219,29 @@ def test_hvp_nonlinear_index1():
     h, fd = _hvp_vs_fd(_kin_hvp, kinetics_grad, theta, v, 1e-9, 1e-11, 1e-4)
     scale = np.max(np.abs(fd))
     np.testing.assert_allclose(h, fd, rtol=0, atol=1e-5 * scale)
+
+
+# ------------------------------------------------------- optimistix (forward-mode Jacobians)
+
+
+def test_optimistix_levenberg_marquardt_through_solve():
+    """optimistix's Gauss–Newton/Levenberg–Marquardt build J by `jax.linearize` and, in
+    their first step, evaluate a zero-filled placeholder of it (t0 = t1 = 0) whose result
+    they discard. That placeholder must not raise (it did: `invalid_interval` from the
+    tangent solve), and the fit must recover the parameters of noise-free data."""
+    optx = __import__("pytest").importorskip("optimistix")
+    ts = jnp.array([0.5, 1.0, 2.0, 3.0])
+
+    def res(t, y, yp, p):     # y1' = −k y1, 0 = y2 − c y1 (index 1)
+        return jnp.stack([yp[0] + p[0] * y[0], y[1] - p[1] * y[0]])
+
+    def outputs(p):
+        return dae.solve(res, 0.0, 3.0, jnp.array([1.0, p[1]]), None, p, saveat=ts,
+                         algebraic=jnp.array([False, True]), rtol=1e-8, atol=1e-10).ys
+
+    p_true = jnp.array([0.7, 2.0])
+    data = outputs(p_true)
+    fit = jax.jit(lambda p0: optx.least_squares(
+        lambda p, d: jnp.ravel(outputs(p) - d), optx.LevenbergMarquardt(rtol=1e-8, atol=1e-8),
+        p0, args=data, max_steps=50).value)
+    np.testing.assert_allclose(fit(jnp.array([1.0, 1.5])), p_true, rtol=1e-5)
