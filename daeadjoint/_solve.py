@@ -19,7 +19,8 @@ from ._discrete_adjoint import DiscreteAdjoint
 from ._consistency import unknown_mask
 from ._forward_sensitivity import ForwardSensitivity
 from ._initialization import SUCCESS, failure_messages, message_index
-from ._linear_solver import AbstractLinearSolver, DenseLU
+from ._linear_solver import AbstractLinearSolver
+from ._sparse import default_linear_solver
 from ._events import Event
 from ._results import RESULTS, succeeded
 from ._solution import Solution
@@ -426,10 +427,11 @@ def solve(
     if forward_sensitivity is None:
         forward_sensitivity = ForwardSensitivity()
     if linear_solver is None:
-        linear_solver = DenseLU()
+        linear_solver = default_linear_solver(residual, t0, y0, yp0, args)
     if not isinstance(linear_solver, AbstractLinearSolver):
         raise TypeError("`linear_solver` must be a daeadjoint linear solver (e.g. "
                         f"daeadjoint.DenseLU()), got {linear_solver!r}.")
+    linear_solver = linear_solver.prepare(residual, t0, y0, yp0, args)
     nq = 0
     if quadrature is not None:
         y = jax.ShapeDtypeStruct(y0.shape, dtype)
