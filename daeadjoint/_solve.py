@@ -389,7 +389,11 @@ def solve(
       and interpolate back, as IDAS does.
     - `suppress_algebraic_error`: leave algebraic components out of the local error test
       (IDAS `IDASetSuppressAlg`).
-    - `linear_solver`: how the Newton systems are solved; default `DenseLU()`.
+    - `linear_solver`: how the Newton systems are solved (`DenseLU()`, `BandedLU(l, u)`,
+      `SparseLU()`, …). Default None: `default_linear_solver` — `DenseLU()` up to 100
+      unknowns (so small problems are unchanged), above that `BandedLU`/`SparseLU` from
+      the sparsity pattern detected from the residual's program (`DenseLU()` if it is
+      dense or cannot be detected). Pass a solver to override it.
     - `constraints`: int array like y0 (IDASetConstraints): 0 none, 1 y ≥ 0, 2 y > 0,
       −1 y ≤ 0, −2 y < 0. After each Newton solve a violating step is projected back if
       the violation is below the Newton tolerance, else redone with a smaller step (IDAS
