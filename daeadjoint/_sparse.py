@@ -17,7 +17,8 @@ n×n array, and factorized by one of two backends:
   than a dense or wide-band factorization on 2-D/3-D meshes. KLU reports a numerically
   singular J as a runtime error (not `RESULTS.singular_matrix`), so prefer `"banded"`
   for problems that may hit singular matrices (index > 1 checks, failing
-  initializations).
+  initializations). klujax's batching rule refuses batched pattern arrays, which a
+  batched `lax.cond` (vmap over whole solves) can produce: use `"banded"` for batches.
 """
 
 import functools
