@@ -49,6 +49,8 @@ class AbstractLinearSolver(eqx.Module):
       the residual through `masked_residual` (consistent initialization, initial
       sensitivities, the adjoint's jumps). User-supplied Jacobians or preconditioners are
       for the iteration matrix of F only, so solvers that hold them return a copy without.
+    - `prepare(residual, t0, y0, yp0, args) -> AbstractLinearSolver` (optional): called
+      once by `solve`, e.g. to detect the sparsity pattern; default identity.
 
     Attributes (class attributes or properties): `matrix_free` (True: J is applied at
     the current iterate, so the Newton update is not rescaled by 2/(1 + cj/cj_old), as
@@ -76,6 +78,15 @@ class AbstractLinearSolver(eqx.Module):
         ...
 
     def auxiliary(self) -> "AbstractLinearSolver":
+        return self
+
+    def prepare(self, residual, t0, y0, yp0, args) -> "AbstractLinearSolver":
+        """This solver specialized to `residual` — called once by `solve` before the
+        integration is traced (e.g. `SparseLU` detects the sparsity pattern here).
+        Whatever it fixes must hold for every matrix of the solve: those of
+        `masked_residual` mix the same columns of F_y and F_y', so a pattern of
+        F_y ∪ F_y' does. Default: the solver itself."""
+        del residual, t0, y0, yp0, args
         return self
 
 

@@ -19,7 +19,8 @@ from ._discrete_adjoint import DiscreteAdjoint
 from ._consistency import unknown_mask
 from ._forward_sensitivity import ForwardSensitivity
 from ._initialization import SUCCESS, failure_messages, message_index
-from ._linear_solver import AbstractLinearSolver, DenseLU
+from ._linear_solver import AbstractLinearSolver
+from ._sparse import default_linear_solver
 from ._events import Event
 from ._results import RESULTS, succeeded
 from ._solution import Solution
@@ -388,7 +389,11 @@ def solve(
       and interpolate back, as IDAS does.
     - `suppress_algebraic_error`: leave algebraic components out of the local error test
       (IDAS `IDASetSuppressAlg`).
-    - `linear_solver`: how the Newton systems are solved; default `DenseLU()`.
+    - `linear_solver`: how the Newton systems are solved (`DenseLU()`, `BandedLU(l, u)`,
+      `SparseLU()`, …). Default None: `default_linear_solver` — `DenseLU()` up to 100
+      unknowns (so small problems are unchanged), above that `BandedLU`/`SparseLU` from
+      the sparsity pattern detected from the residual's program (`DenseLU()` if it is
+      dense or cannot be detected). Pass a solver to override it.
     - `constraints`: int array like y0 (IDASetConstraints): 0 none, 1 y ≥ 0, 2 y > 0,
       −1 y ≤ 0, −2 y < 0. After each Newton solve a violating step is projected back if
       the violation is below the Newton tolerance, else redone with a smaller step (IDAS
@@ -431,10 +436,11 @@ def solve(
     if forward_sensitivity is None:
         forward_sensitivity = ForwardSensitivity()
     if linear_solver is None:
-        linear_solver = DenseLU()
+        linear_solver = default_linear_solver(residual, t0, y0, yp0, args)
     if not isinstance(linear_solver, AbstractLinearSolver):
         raise TypeError("`linear_solver` must be a daeadjoint linear solver (e.g. "
                         f"daeadjoint.DenseLU()), got {linear_solver!r}.")
+    linear_solver = linear_solver.prepare(residual, t0, y0, yp0, args)
     nq = 0
     if quadrature is not None:
         y = jax.ShapeDtypeStruct(y0.shape, dtype)

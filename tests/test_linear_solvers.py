@@ -1,0 +1,352 @@
+"""The direct linear solvers for large DAEs: BandedLU, SparseLU (both backends) and the
+default choice, against DenseLU on R1 (Robertson), R5 (2-D heat, small M) and a banded
+index-1 reaction–diffusion DAE: solution, reverse-mode gradient (continuous adjoint),
+forward mode (jacfwd), vmap; wrong bandwidths/patterns raise; nothing n×n is formed.
+
+Tolerances. Every solver sees the same iteration matrix up to rounding (the coloured
+jvps compute the same partial derivatives as `jax.jacfwd`), so the integrations take the
+same steps and the results differ by rounding carried through the Newton iterations —
+far below the solve's rtol. We compare at the solve's rtol (relative, plus atol·rtol
+absolute for components near zero): a wrong matrix (a missed entry, a wrong transpose
+in the adjoint) changes the Newton iterates by O(1) relative and the answer by far more
+than rtol, or stalls Newton altogether.
+"""
+
+import functools
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import daeadjoint as dae
+from daeadjoint._jacobian import detect_sparsity
+
+from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
+
+try:
+    import klujax  # noqa: F401
+    HAVE_KLU = True
+except ImportError:
+    HAVE_KLU = False
+
+RTOL = ATOL = 1e-6
+
+SOLVERS = {
+    "dense": lambda band: dae.DenseLU(),
+    "banded": lambda band: dae.BandedLU(*band),
+    "sparse": lambda band: dae.SparseLU(),
+    "klu": lambda band: dae.SparseLU(backend="klu"),
+}
+NEW = ["banded", "sparse", pytest.param("klu", marks=pytest.mark.skipif(
+    not HAVE_KLU, reason="klujax not installed"))]
+
+
+def close(a, b, rtol=RTOL, atol=RTOL * ATOL):
+    """|a − b| ≤ rtol·|b| + atol componentwise (see the module docstring)."""
+    a, b = np.asarray(a), np.asarray(b)
+    assert np.all(np.abs(a - b) <= rtol * np.abs(b) + atol), np.max(np.abs(a - b))
+
+
+# ------------------------------------------------------------------ problems
+
+
+def reaction_diffusion(t, y, yp, p):
+    """1-D reaction–diffusion with an algebraic variable per node, unknowns interleaved
+    y = (u_0, v_0, u_1, v_1, …) so J is banded with lower = 3 (v_i ← u_{i−1}) and
+    upper = 2 (u_i ← u_{i+1}):
+        u_i' = D (u_{i−1} − 2u_i + u_{i+1})/dx² − k u_i v_i      (u = 0 outside)
+        0    = v_i − u_i / (1 + u_i) − c (u_{i+1} − u_{i−1})      (v algebraic, index 1)
+    p = (D, k, c)."""
+    u, v = y[0::2], y[1::2]
+    dx = 1.0 / (u.shape[0] + 1)
+    up = jnp.pad(u, 1)
+    lap = (up[:-2] - 2 * u + up[2:]) / dx**2
+    fu = yp[0::2] - p[0] * lap + p[1] * u * v
+    fv = v - u / (1 + u) - p[2] * (up[2:] - up[:-2])
+    return jnp.stack([fu, fv], axis=1).reshape(-1)
+
+
+N_RD = 20                                   # 40 unknowns
+RD_ALGEBRAIC = jnp.tile(jnp.array([False, True]), N_RD)
+RD_P = jnp.array([0.05, 1.0, 0.1])
+RD_U0 = jnp.sin(jnp.pi * jnp.linspace(0, 1, N_RD + 2)[1:-1])
+RD_Y0 = jnp.stack([RD_U0, jnp.zeros(N_RD)], axis=1).reshape(-1)   # v0 found by init
+RD_SAVEAT = jnp.array([0.3, 1.0])
+RD_BAND = (3, 2)
+
+
+def solve_rd(p, y0, linear_solver):
+    return dae.solve(reaction_diffusion, 0.0, 1.0, y0, None, p, saveat=RD_SAVEAT,
+                     algebraic=RD_ALGEBRAIC, rtol=RTOL, atol=ATOL,
+                     linear_solver=linear_solver)
+
+
+def objective_rd(p, y0, linear_solver):
+    """Observations of differential and algebraic components at two times (the adjoint
+    jumps there; the algebraic ones through the consistent-jump matrix)."""
+    ys = solve_rd(p, y0, linear_solver).ys
+    return jnp.sum(ys[:, 1::2] ** 2) + jnp.sum(ys[-1, ::2]), ys
+
+
+M_HEAT = 6                                  # (M + 2)² = 64 unknowns
+
+
+def heat(t, u, up, p):
+    """R5 (Li & Petzold, DASPKADJOINT, §7.1.1): u_t = p1 u_xx + p2 u_yy, u_t = 0 on the
+    boundary, as tests/test_heat_r5.py at a small M."""
+    m = M_HEAT
+    dx = 1.0 / (m + 1)
+    g = u.reshape(m + 2, m + 2)
+    uxx = (g[2:, 1:-1] - 2 * g[1:-1, 1:-1] + g[:-2, 1:-1]) / dx**2
+    uyy = (g[1:-1, 2:] - 2 * g[1:-1, 1:-1] + g[1:-1, :-2]) / dx**2
+    rhs = jnp.zeros_like(g).at[1:-1, 1:-1].set(p[0] * uxx + p[1] * uyy)
+    return up - rhs.reshape(-1)
+
+
+def heat_u0(m):
+    x = np.linspace(0.0, 1.0, m + 2)
+    X, Y = np.meshgrid(x, x, indexing="ij")
+    return jnp.asarray((16 * X * (1 - X) * Y * (1 - Y)).reshape(-1))
+
+
+def objective_heat(p, u0, linear_solver):
+    """R5's g1 = Σu(T)² and g2 = ∫Σu dt together."""
+    up0 = -heat(0.0, u0, jnp.zeros_like(u0), p)
+    sol = dae.solve(heat, 0.0, 0.16, u0, up0, p, rtol=RTOL, atol=ATOL,
+                    linear_solver=linear_solver,
+                    quadrature=lambda t, u, up, a: jnp.sum(u)[None])
+    return jnp.sum(sol.ys[-1] ** 2) + sol.qs[-1, 0], sol.ys
+
+
+def objective_robertson(p, y0, linear_solver):
+    sol = dae.solve(robertson, 0.0, 40.0, y0, ROBERTSON_YP0, p, algebraic=ROBERTSON_ALGEBRAIC,
+                    saveat=jnp.array([0.4, 40.0]), rtol=RTOL, atol=1e-10,
+                    linear_solver=linear_solver)
+    return jnp.sum(sol.ys[:, 2]) + sol.ys[-1, 0], sol.ys
+
+
+PROBLEMS = {
+    # name: (objective, p, y0, (lower, upper) of J)
+    "robertson": (objective_robertson, ROBERTSON_P, ROBERTSON_Y0, (2, 2)),
+    "heat": (objective_heat, jnp.array([1.0, 1.0]), heat_u0(M_HEAT), (M_HEAT + 2, M_HEAT + 2)),
+    "reaction_diffusion": (objective_rd, RD_P, RD_Y0, RD_BAND),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def value_and_grad(problem, solver):
+    """Compiled once per (problem, solver) and shared by the tests."""
+    objective, p, y0, band = PROBLEMS[problem]
+    ls = SOLVERS[solver](band)
+    fn = jax.jit(jax.value_and_grad(lambda p, y0: objective(p, y0, ls), argnums=(0, 1),
+                                    has_aux=True))
+    return fn(p, y0)
+
+
+# ------------------------------------------------------------------ the same answers
+
+
+@pytest.mark.parametrize("solver", NEW)
+@pytest.mark.parametrize("problem", [
+    # n = 3: the banded/sparse machinery on a dense matrix (l = u = 2); slow because it
+    # adds three compilations of the whole solve + adjoint.
+    pytest.param("robertson", marks=pytest.mark.slow), "heat", "reaction_diffusion"])
+def test_solution_and_gradient_match_dense(problem, solver):
+    """Solution (every saved row) and the adjoint gradient w.r.t. parameters and y0."""
+    (val, ys), (gp, gy0) = value_and_grad(problem, solver)
+    (val_d, ys_d), (gp_d, gy0_d) = value_and_grad(problem, "dense")
+    close(ys, ys_d)
+    close(val, val_d)
+    close(gp, gp_d)
+    close(gy0, gy0_d)
+
+
+@pytest.mark.parametrize("solver", NEW)
+def test_forward_mode_matches_dense(solver):
+    """jax.jacfwd through solve (forward sensitivities, the staggered corrector with the
+    same iteration matrix) on the banded index-1 DAE."""
+    def jac(name):
+        ls = SOLVERS[name](RD_BAND)
+        return jax.jit(jax.jacfwd(lambda p: solve_rd(p, RD_Y0, ls).ys))(RD_P)
+
+    close(jac(solver), jac("dense"))
+
+
+@pytest.mark.parametrize("solver", NEW)
+def test_vmap_matches_sequential(solver):
+    """A batch of three parameter sets under vmap gives each member's own solve (the
+    solvers' state is batched: per-member band factors, per-member KLU values)."""
+    ls = SOLVERS[solver](RD_BAND)
+    batch = RD_P[None] * jnp.array([[1.0], [1.5], [0.7]])
+    fn = jax.jit(lambda p: solve_rd(p, RD_Y0, ls).ys)
+    batched = jax.vmap(fn)(batch)
+    for i in range(batch.shape[0]):
+        close(batched[i], fn(batch[i]))
+
+
+# ------------------------------------------------------------------ wrong input
+
+
+def test_too_small_bandwidth_raises():
+    """The interleaved DAE needs lower = 3, upper = 2; (2, 2) would fold the missing
+    entries into wrong ones — the per-setup J·v check names the bandwidth instead."""
+    with pytest.raises(Exception, match=r"BandedLU\(lower=2, upper=2\).*outside this band"):
+        solve_rd(RD_P, RD_Y0, dae.BandedLU(2, 2)).ys.block_until_ready()
+
+
+@pytest.mark.parametrize("backend", ["banded", pytest.param("klu", marks=pytest.mark.skipif(
+    not HAVE_KLU, reason="klujax not installed"))])
+def test_wrong_sparsity_pattern_raises(backend):
+    """A user pattern that misses nonzeros (here the band (2, 2) of a (3, 2)-banded J)
+    is caught by the same check."""
+    wrong = dae.Sparsity.banded(2 * N_RD, 2, 2)
+    with pytest.raises(Exception, match="outside the given sparsity"):
+        solve_rd(RD_P, RD_Y0, dae.SparseLU(wrong, backend=backend)).ys.block_until_ready()
+
+
+def test_undetectable_residual_asks_for_the_pattern():
+    """A primitive the detector has no rule for (here an FFT) hides the residual's
+    structure: SparseLU() raises naming the remedy (before anything is compiled); the
+    default falls back to DenseLU with a warning."""
+    def spectral(t, y, yp, p):
+        return yp + jnp.fft.irfft(jnp.fft.rfft(y) * 0.5, n=y.shape[0])
+
+    y0 = jnp.ones(200)
+    with pytest.raises(dae.SparsityDetectionError, match="Pass it yourself"):
+        dae.solve(spectral, 0.0, 0.1, y0, -y0, linear_solver=dae.SparseLU())
+    with pytest.warns(UserWarning, match="DenseLU"):
+        assert isinstance(dae.default_linear_solver(spectral, 0.0, y0, y0, None), dae.DenseLU)
+
+
+def test_pattern_size_mismatch_raises():
+    with pytest.raises(ValueError, match="pattern is 5"):
+        solve_rd(RD_P, RD_Y0, dae.SparseLU(dae.Sparsity.banded(5, 1, 1)))
+
+
+# ------------------------------------------------------------------ detection, default
+
+
+def test_detected_pattern_is_exact_and_conservative():
+    """The detected pattern of the DAE is exactly its band (every J entry that can be
+    nonzero, nothing more), also with tracers (under jit) and closures over tracers."""
+    n = 2 * N_RD
+    found = detect_sparsity(reaction_diffusion, 0.0, RD_Y0, RD_Y0, RD_P)
+    dense = jax.jacfwd(lambda v: reaction_diffusion(0.0, RD_Y0 + v, RD_Y0 + 2 * v,
+                                                    RD_P + 0.3))(jnp.zeros(n))
+    nz = np.abs(np.asarray(dense)) > 0
+    assert found == dae.Sparsity.from_dense(nz | np.eye(n, dtype=bool))
+    assert (found.lower, found.upper) == RD_BAND
+
+    @jax.jit
+    def traced(y, p):
+        inner = lambda t, y_, yp_, a: reaction_diffusion(t, y_ * y, yp_, p)   # noqa: E731
+        assert detect_sparsity(inner, 0.0, y, y, None) == found
+        return y
+
+    traced(RD_Y0, RD_P)
+
+
+def test_default_linear_solver():
+    """DenseLU up to 100 unknowns (small problems unchanged); above, SparseLU with the
+    detected pattern (whether the natural ordering is banded or only a reordering is);
+    decided from shapes and structure, so also under jit with traced y0."""
+    assert isinstance(dae.default_linear_solver(heat, 0.0, heat_u0(M_HEAT), heat_u0(M_HEAT),
+                                                jnp.ones(2)), dae.DenseLU)
+
+    n = 400
+    perm = np.random.default_rng(0).permutation(n)
+
+    def chain(t, y, yp, p):                    # 1-D diffusion, natural order: band 1
+        return yp - (jnp.pad(y, 1)[:-2] - 2 * y + jnp.pad(y, 1)[2:])
+
+    def shuffled(t, y, yp, p):                 # the same chain, unknowns and equations
+        return chain(t, y[perm], yp[perm], p)[np.argsort(perm)]   # shuffled alike
+
+    y = jnp.ones(n)
+
+    @jax.jit
+    def choose(y):
+        assert dae.default_linear_solver(chain, 0.0, y, y, None) == dae.SparseLU(
+            dae.Sparsity.banded(n, 1, 1))
+        shuffled_choice = dae.default_linear_solver(shuffled, 0.0, y, y, None)
+        assert isinstance(shuffled_choice, dae.SparseLU)
+        assert shuffled_choice.sparsity.lower > 100    # banded only after reordering
+        return y
+
+    choose(y)
+
+
+def test_nothing_n_by_n():
+    """No array of the forward solve and its gradient with BandedLU / SparseLU has two
+    axes of length n (n = 300: larger than any other axis of the program), i.e. nothing
+    n×n is formed — the LU state is O(n·(l + u)), checkpoints O(#checkpoints · n)."""
+    n = 300
+
+    def chain(t, y, yp, p):
+        return yp - p[0] * (jnp.pad(y, 1)[:-2] - 2 * y + jnp.pad(y, 1)[2:])
+
+    y0 = jnp.sin(jnp.linspace(0, 3, n))
+
+    def loss(p, ls):
+        return jnp.sum(dae.solve(chain, 0.0, 1.0, y0, chain(0.0, y0, 0 * y0, p), p,
+                                 max_steps=200, linear_solver=ls).ys ** 2)
+
+    def square_shapes(jaxpr):
+        found = []
+        for eqn in jaxpr.eqns:
+            for var in eqn.outvars:
+                shape = getattr(var.aval, "shape", ())
+                if sum(s == n for s in shape) >= 2:
+                    found.append((eqn.primitive.name, shape))
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                found += square_shapes(sub)
+        return found
+
+    for ls in (dae.BandedLU(1, 1), dae.SparseLU()):
+        jaxpr = jax.make_jaxpr(jax.grad(lambda p: loss(p, ls)))(jnp.array([1.0]))
+        assert square_shapes(jaxpr.jaxpr) == [], type(ls).__name__
+    dense = jax.make_jaxpr(jax.grad(lambda p: loss(p, dae.DenseLU())))(jnp.array([1.0]))
+    assert square_shapes(dense.jaxpr) != []     # the check can see an n×n array
+
+
+# ------------------------------------------------------------------ R5 at full size
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", ["banded", "sparse", pytest.param(
+    "klu", marks=pytest.mark.skipif(not HAVE_KLU, reason="klujax not installed"))])
+def test_heat_r5_1766_parameters(solver):
+    """R5 at M = 40 (1764 unknowns), the gradient w.r.t. all 1766 parameters (p1, p2 and
+    u0) from one adjoint solve with each new solver, against the paper's Table 1 (Li &
+    Petzold, DASPKADJOINT, §7.1.1) as in tests/test_heat_r5.py: d(Σu²(T))/dp1 = −2.72675
+    and d(∫Σu dt)/dp1 = −15.2178 at 1e-4 relative (the paper ran at rtol = 1e-5 and its
+    own methods differ by 3e-5; our global error at rtol 1e-5 is ~10·rtol), and Euler's
+    identity ∇g·u0 = (degree)·g for all 1764 initial-value sensitivities (100·rtol: both
+    sides carry the global error)."""
+    m = 40
+    dx = 1.0 / (m + 1)
+
+    def heat40(t, u, up, args):
+        g = u.reshape(m + 2, m + 2)
+        uxx = (g[2:, 1:-1] - 2 * g[1:-1, 1:-1] + g[:-2, 1:-1]) / dx**2
+        uyy = (g[1:-1, 2:] - 2 * g[1:-1, 1:-1] + g[1:-1, :-2]) / dx**2
+        rhs = jnp.zeros_like(g).at[1:-1, 1:-1].set(args[0] * uxx + args[1] * uyy)
+        return up - rhs.reshape(-1)
+
+    ls = SOLVERS[solver]((m + 2, m + 2))
+
+    def both(p, u0):
+        up0 = -heat40(0.0, u0, jnp.zeros_like(u0), p)
+        sol = dae.solve(heat40, 0.0, 0.16, u0, up0, p, rtol=1e-5, atol=1e-5, max_steps=2000,
+                        linear_solver=ls, quadrature=lambda t, u, up, a: jnp.sum(u)[None])
+        return jnp.stack([jnp.sum(sol.ys[-1] ** 2), sol.qs[-1, 0]])
+
+    p, u0 = jnp.array([1.0, 1.0]), heat_u0(m)
+    g, (dp, du0) = jax.jit(lambda p, u0: (both(p, u0), jax.jacrev(both, argnums=(0, 1))(p, u0)))(p, u0)
+    assert abs(float(dp[0, 0]) + 2.72675) <= 1e-4 * 2.72675
+    assert abs(float(dp[1, 0]) + 15.2178) <= 1e-4 * 15.2178
+    assert abs(float(dp[1, 1] - dp[1, 0])) <= 1e-4 * 15.2178      # x ↔ y symmetry
+    assert abs(float(du0[0] @ u0) - 2 * float(g[0])) <= 100 * 1e-5 * 2 * float(g[0])
+    assert abs(float(du0[1] @ u0) - float(g[1])) <= 100 * 1e-5 * float(g[1])
