@@ -5,10 +5,11 @@ from ._adjoint import Adjoint
 from ._discrete_adjoint import DiscreteAdjoint
 from ._events import Event
 from ._forward_sensitivity import ForwardSensitivity
+from ._krylov import Krylov, Preconditioner
 from ._linear_solver import AbstractLinearSolver, DenseLU
 from ._results import RESULTS
 from ._solution import Solution
 from ._solve import solve
 
-__all__ = ["solve", "Solution", "RESULTS", "DenseLU", "AbstractLinearSolver", "Adjoint", "DiscreteAdjoint", "Event", "ForwardSensitivity"]
+__all__ = ["solve", "Solution", "RESULTS", "DenseLU", "Krylov", "Preconditioner", "AbstractLinearSolver", "Adjoint", "DiscreteAdjoint", "Event", "ForwardSensitivity"]
 __version__ = "0.1.0"

@@ -19,6 +19,7 @@ from ._discrete_adjoint import DiscreteAdjoint
 from ._consistency import unknown_mask
 from ._forward_sensitivity import ForwardSensitivity
 from ._initialization import SUCCESS, failure_messages, message_index
+from ._krylov import Preconditioner
 from ._linear_solver import AbstractLinearSolver, DenseLU
 from ._events import Event
 from ._results import RESULTS, succeeded
@@ -388,7 +389,9 @@ def solve(
       and interpolate back, as IDAS does.
     - `suppress_algebraic_error`: leave algebraic components out of the local error test
       (IDAS `IDASetSuppressAlg`).
-    - `linear_solver`: how the Newton systems are solved; default `DenseLU()`.
+    - `linear_solver`: how the Newton systems are solved; default `DenseLU()`. For
+      large systems `Krylov(preconditioner=...)` (matrix-free GMRES; see the linear
+      solvers page).
     - `constraints`: int array like y0 (IDASetConstraints): 0 none, 1 y ≥ 0, 2 y > 0,
       −1 y ≤ 0, −2 y < 0. After each Newton solve a violating step is projected back if
       the violation is below the Newton tolerance, else redone with a smaller step (IDAS
@@ -430,6 +433,10 @@ def solve(
     if not isinstance(linear_solver, AbstractLinearSolver):
         raise TypeError("`linear_solver` must be a daeadjoint linear solver (e.g. "
                         f"daeadjoint.DenseLU()), got {linear_solver!r}.")
+    if isinstance(linear_solver, Preconditioner):
+        raise TypeError("`linear_solver` is a daeadjoint.Preconditioner, which only "
+                        "approximates the iteration matrix: use it through "
+                        "linear_solver=daeadjoint.Krylov(preconditioner=...).")
     nq = 0
     if quadrature is not None:
         y = jax.ShapeDtypeStruct(y0.shape, dtype)
