@@ -370,8 +370,11 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
                  RESULTS.error_test_failures, RESULTS.successful))
     # A step size driven to underflow by NaN residuals is a domain error (the solution
     # reached the edge of the residual's domain, e.g. sqrt of a state going negative).
+    # Likewise a step size driven to underflow by an iterative linear solver that cannot
+    # reach its tolerance is that solver's failure, not a singularity of the solution.
     underflow = W(conv_fail & (nw.fail_kind == FAIL_NONFINITE), RESULTS.nonfinite_residual,
-                  RESULTS.step_size_too_small)
+                  W(conv_fail & (nw.fail_kind == FAIL_LINEAR), RESULTS.linear_solver_failures,
+                    RESULTS.step_size_too_small))
     result = W(s.t + h_next == s.t, underflow, result)
     result = W(too_accurate, RESULTS.tolerance_too_small, result)
 

@@ -366,6 +366,14 @@ class Krylov(AbstractLinearSolver):
         res = gmres(matvec, b, tol, maxl, restarts)
         converged = res.residual <= tol
         x = res.x / w
+        if pre is not None:
+            # A right-hand side that passes the test on entry: IDAS returns x = 0, but
+            # with a preconditioner P⁻¹b is at hand, and its preconditioned residual
+            # (I − P⁻¹J)P⁻¹b is smaller still for any P worth using (zero for P = J).
+            # Zero corrections bias the BDF local error estimate (built from the
+            # corrections) low: with P = J the Robertson adjoint gradient was 10x less
+            # accurate with x = 0 than with a direct solver; with P⁻¹b it matches it.
+            x = jnp.where(res.num_iters == 0, b / w, x)
         if exact:
             x = jnp.where(converged, x, jnp.nan)
         int_ = jnp.int32
