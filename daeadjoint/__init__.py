@@ -7,12 +7,14 @@ from ._events import Event
 from ._forward_sensitivity import ForwardSensitivity
 from ._banded import BandedLU
 from ._jacobian import Sparsity, SparsityDetectionError
+from ._krylov import Krylov, Preconditioner
 from ._linear_solver import AbstractLinearSolver, DenseLU
 from ._results import RESULTS
 from ._solution import Solution
 from ._solve import solve
 from ._sparse import SparseLU, default_linear_solver
 
-__all__ = ["solve", "Solution", "RESULTS", "DenseLU", "BandedLU", "SparseLU", "Sparsity",
-           "SparsityDetectionError", "default_linear_solver", "AbstractLinearSolver", "Adjoint", "DiscreteAdjoint", "Event", "ForwardSensitivity"]
+__all__ = ["solve", "Solution", "RESULTS", "DenseLU", "BandedLU", "SparseLU", "Krylov",
+           "Preconditioner", "Sparsity", "SparsityDetectionError", "default_linear_solver",
+           "AbstractLinearSolver", "Adjoint", "DiscreteAdjoint", "Event", "ForwardSensitivity"]
 __version__ = "0.1.0"

@@ -142,14 +142,22 @@ class AdjointSolver(AbstractLinearSolver):
         if self.inner.needs_operator:
             _, op = jax.linearize(lambda v: self.residual(t, y + v, yp + cj * v, args),
                                   jnp.zeros_like(y))
-        w = (jnp.ones((k, n), y.dtype) if weights is None
-             else weights.reshape(k, 2 * n)[:, n:])
-        lam, stats = jax.vmap(lambda r, w_: self.inner.solve(
-            inner_state, r, transpose=True, weights=w_, operator=op))(g1 - cj * g2, w)
+        if weights is None:
+            lam, stats = jax.vmap(lambda r: self.inner.solve(
+                inner_state, r, transpose=True, operator=op))(g1 - cj * g2)
+        else:
+            # The linear tolerance of an iterative inner solver is measured in the
+            # weights of δλ (δμ = r₂ + F_y'ᵀδλ follows without a solve).
+            lam, stats = jax.vmap(lambda r, w_: self.inner.solve(
+                inner_state, r, transpose=True, weights=w_, operator=op))(
+                    g1 - cj * g2, weights.reshape(k, 2 * n)[:, n:])
         _, fyp_vjp = jax.vjp(lambda v: self.residual(t, y, v, args), yp)
         fyp_lam = jax.vmap(lambda l_: fyp_vjp(l_)[0])(lam)
-        stats = {name: jnp.sum(v) for name, v in stats.items()}
+        stats = {name: jnp.sum(v, dtype=v.dtype) for name, v in stats.items()}
         return jnp.concatenate([g2 + fyp_lam, lam], axis=1).reshape(-1), stats
+
+    def solve_failed(self, stats):
+        return self.inner.solve_failed(stats)
 
     def is_singular(self, state):
         return self.inner.is_singular(state[0])

@@ -118,6 +118,9 @@ class AugmentedSolver(AbstractLinearSolver):
         stats = {k: st1[k] + st2[k] for k in st1}
         return jnp.concatenate([x1, x2]), stats
 
+    def solve_failed(self, stats):
+        return self.inner.solve_failed(stats)
+
     def is_singular(self, state):
         return self.inner.is_singular(state)
 

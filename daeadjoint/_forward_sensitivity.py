@@ -135,11 +135,15 @@ def sensitivity_corrector(problem, sens: SensitivityProblem, t, y, yp, cj, s_pre
             ss = jnp.where(first, c["ss"], rate / (1.0 - rate))
             conv = (first & (delnrm <= 1e-4 * TOLDEL)) | (~diverging & (ss * delnrm <= EPS_NEWT))
             bad = ~jnp.all(jnp.isfinite(r)) | ~jnp.isfinite(delnrm)
-            failed = bad | diverging | (~conv & (m + 1 >= MAX_ITERS))
+            # An iterative linear solve that missed its tolerance: as in `newton_solve`.
+            lin_failed = solver.solve_failed({k: jnp.sum(v, dtype=int_) for k, v in stats.items()})
+            conv = conv & ~lin_failed
+            failed = bad | diverging | (~conv & (m + 1 >= MAX_ITERS)) | (lin_failed & ~first)
             status = jnp.where(conv & ~bad, 1, jnp.where(failed, 2, 0)).astype(int_)
             return dict(ee=c["ee"] + delta, m=m + 1, oldnrm=jnp.where(first, delnrm, c["oldnrm"]),
                         ss=ss, status=status, nre=c["nre"] + 1,
-                        lin_stats={k: c["lin_stats"][k] + jnp.sum(stats[k]) for k in c["lin_stats"]})
+                        lin_stats={k: c["lin_stats"][k] + jnp.sum(stats[k], dtype=int_)
+                                   for k in c["lin_stats"]})
 
         zero = jnp.zeros((), int_)
         init = dict(ee=jnp.zeros_like(s_pred), m=zero, oldnrm=jnp.ones((), y.dtype),

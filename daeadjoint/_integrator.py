@@ -35,7 +35,8 @@ from ._events import Event, EventState, search_step
 from ._forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
                                    sensitivity_corrector)
 from ._initialization import violated
-from ._newton import EPS_NEWT, FAIL_NONFINITE, FAIL_SINGULAR, newton_solve, tree_where
+from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR, newton_solve,
+                      tree_where)
 from ._results import RESULTS
 
 MAX_ERROR_TEST_FAILS = 10   # IDAS maxnef
@@ -362,14 +363,18 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     conv_result = W(constraint_fail, RESULTS.constraint_failures,
                     W(nw.fail_kind == FAIL_SINGULAR, RESULTS.singular_matrix,
                       W(nw.fail_kind == FAIL_NONFINITE, RESULTS.nonfinite_residual,
-                        RESULTS.convergence_failures)))
+                        W(nw.fail_kind == FAIL_LINEAR, RESULTS.linear_solver_failures,
+                          RESULTS.convergence_failures))))
     result = W(gave_up_conv, conv_result,
                W(~conv_fail & ~passed & ((nef >= MAX_ERROR_TEST_FAILS) | at_min_step),
                  RESULTS.error_test_failures, RESULTS.successful))
     # A step size driven to underflow by NaN residuals is a domain error (the solution
     # reached the edge of the residual's domain, e.g. sqrt of a state going negative).
+    # Likewise a step size driven to underflow by an iterative linear solver that cannot
+    # reach its tolerance is that solver's failure, not a singularity of the solution.
     underflow = W(conv_fail & (nw.fail_kind == FAIL_NONFINITE), RESULTS.nonfinite_residual,
-                  RESULTS.step_size_too_small)
+                  W(conv_fail & (nw.fail_kind == FAIL_LINEAR), RESULTS.linear_solver_failures,
+                    RESULTS.step_size_too_small))
     result = W(s.t + h_next == s.t, underflow, result)
     result = W(too_accurate, RESULTS.tolerance_too_small, result)
 

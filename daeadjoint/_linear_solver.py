@@ -45,6 +45,11 @@ class AbstractLinearSolver(eqx.Module):
       the Newton iteration treats it as a convergence failure, and repeated failures give
       `RESULTS.singular_matrix` (index > 1, or algebraic equations that do not determine
       the algebraic variables).
+    - `solve_failed(stats) -> bool`: whether the solve that returned `stats` missed its
+      tolerance (iterative solvers; default never). Like IDAS, the Newton iteration
+      accepts such a correction on its first iteration and fails (recoverably: a smaller
+      step, a fresh setup) on later ones; repeated failures give
+      `RESULTS.linear_solver_failures`.
     - `auxiliary() -> AbstractLinearSolver`: the solver for the *other* matrices built from
       the residual through `masked_residual` (consistent initialization, initial
       sensitivities, the adjoint's jumps). User-supplied Jacobians or preconditioners are
@@ -76,6 +81,10 @@ class AbstractLinearSolver(eqx.Module):
     @abc.abstractmethod
     def is_singular(self, state) -> Bool[Array, ""]:
         ...
+
+    def solve_failed(self, stats) -> Bool[Array, ""]:
+        del stats
+        return jnp.zeros((), bool)
 
     def auxiliary(self) -> "AbstractLinearSolver":
         return self

@@ -10,7 +10,11 @@ predictor, with the iteration matrix J = F_y + cj_old F_y' of the last setup:
   older cj;
 - convergence test (6.8): rate R = (δ_m/δ_1)^{1/(m−1)}, stop when S‖δ_m‖ ≤ 0.33 with
   S = R/(1−R); divergence when R > 0.9; at most 4 iterations; a first correction
-  below 10⁻⁴·toldel is accepted outright.
+  below 10⁻⁴·toldel is accepted outright;
+- an iterative linear solve that misses its tolerance (`solve_failed`) is tolerated on
+  the first iteration and fails the iteration on later ones (IDAS's treatment of
+  SUNLS_RES_REDUCED: a recoverable failure); an iteration never converges on such a
+  correction.
 """
 
 import equinox as eqx
@@ -26,7 +30,7 @@ RATE_MAX = 0.9
 MAX_ITERS = 4
 
 # Why an iteration failed (for the status reported after repeated failures).
-FAIL_CONVERGENCE, FAIL_SINGULAR, FAIL_NONFINITE = 0, 1, 2
+FAIL_CONVERGENCE, FAIL_SINGULAR, FAIL_NONFINITE, FAIL_LINEAR = 0, 1, 2, 3
 
 
 def tree_where(pred, a, b):
@@ -99,23 +103,30 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         ss_ = jnp.where(first, ss_, rate / (1.0 - rate))
         converged = (first & (delnrm <= 1e-4 * TOLDEL)) | (~diverging & (ss_ * delnrm <= EPS_NEWT))
         bad = singular | ~finite | ~jnp.isfinite(delnrm)
-        failed = bad | diverging | (~converged & (m + 1 >= MAX_ITERS))
+        lin_failed = linear_solver.solve_failed(lin_stats)
+        # A Newton iteration that fails after an inexact linear solve (a stalled
+        # correction, or a divergence it caused) is reported as the linear solver's.
+        lin_failed_any = c["lin_failed_any"] | lin_failed
+        converged = converged & ~lin_failed
+        failed = bad | diverging | (~converged & (m + 1 >= MAX_ITERS)) | (lin_failed & ~first)
         if linear:
-            converged = converged | (do_setup & (cj_old_ == cj))
+            converged = converged | (do_setup & (cj_old_ == cj) & ~lin_failed)
             failed = failed & ~converged
         converged = converged & ~bad
         retry = failed & ~jcur
         # A NaN residual usually also poisons J (whose factorization then looks
         # singular): report the cause, not the symptom.
         fail_kind = jnp.where(~finite, FAIL_NONFINITE,
-                              jnp.where(singular, FAIL_SINGULAR, FAIL_CONVERGENCE))
+                              jnp.where(singular, FAIL_SINGULAR,
+                                        jnp.where(lin_failed_any, FAIL_LINEAR,
+                                                  FAIL_CONVERGENCE)))
         status = jnp.where(converged, 1, jnp.where(failed & ~retry, 2, 0)).astype(int_)
         return dict(
             ee=jnp.where(retry, 0.0, ee_new),
             m=jnp.where(retry, 0, m + 1).astype(int_),
             oldnrm=jnp.where(first, delnrm, c["oldnrm"]),
             ss=ss_, lin=lin, jac_point=jac_point, cj_old=cj_old_, jcur=jcur & ~retry, setup=retry,
-            status=status, fail_kind=fail_kind.astype(int_),
+            status=status, fail_kind=fail_kind.astype(int_), lin_failed_any=lin_failed_any,
             nre=c["nre"] + 1, nje=c["nje"] + do_setup.astype(int_), nni=c["nni"] + 1,
             lin_stats={k: c["lin_stats"][k] + lin_stats[k] for k in c["lin_stats"]},
         )
@@ -124,7 +135,8 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
     init = dict(
         ee=jnp.zeros_like(y_pred), m=zero, oldnrm=jnp.ones((), y_pred.dtype), ss=ss,
         lin=lin_state, jac_point=jac_point, cj_old=cj_old, jcur=jnp.zeros((), bool), setup=force_setup,
-        status=zero, fail_kind=zero, nre=zero, nje=zero, nni=zero,
+        status=zero, fail_kind=zero, lin_failed_any=jnp.zeros((), bool), nre=zero, nje=zero,
+        nni=zero,
         lin_stats={k: zero for k in linear_solver.stat_names},
     )
     out = jax.lax.while_loop(cond, body, init)

@@ -26,6 +26,12 @@ class RESULTS(eqx.Enumeration):
         "convergence_failures: the Newton iteration failed to converge 10 times in one step "
         "(IDAS IDA_CONV_FAIL): the residual may be badly scaled or non-smooth."
     )
+    linear_solver_failures = (
+        "linear_solver_failures: the Newton iteration failed to converge 10 times in one "
+        "step because the iterative linear solver (Krylov/GMRES) did not reach its "
+        "tolerance (IDAS counts these in IDAGetNumLinConvFails): give a better "
+        "preconditioner, or raise Krylov(maxl=...) or Krylov(max_restarts=...)."
+    )
     constraint_failures = (
         "constraint_failures: the inequality `constraints` could not be met: the step was "
         "reduced 10 times (or reached min_step) with the corrected y still violating them "

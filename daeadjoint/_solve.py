@@ -19,6 +19,7 @@ from ._discrete_adjoint import DiscreteAdjoint
 from ._consistency import unknown_mask
 from ._forward_sensitivity import ForwardSensitivity
 from ._initialization import SUCCESS, failure_messages, message_index
+from ._krylov import Preconditioner
 from ._linear_solver import AbstractLinearSolver
 from ._sparse import default_linear_solver
 from ._events import Event
@@ -393,7 +394,8 @@ def solve(
       `SparseLU()`, …). Default None: `default_linear_solver` — `DenseLU()` up to 100
       unknowns (so small problems are unchanged), above that `BandedLU`/`SparseLU` from
       the sparsity pattern detected from the residual's program (`DenseLU()` if it is
-      dense or cannot be detected). Pass a solver to override it.
+      dense or cannot be detected). Pass a solver to override it; for very large systems
+      `Krylov(preconditioner=...)` (matrix-free GMRES; see the linear solvers page).
     - `constraints`: int array like y0 (IDASetConstraints): 0 none, 1 y ≥ 0, 2 y > 0,
       −1 y ≤ 0, −2 y < 0. After each Newton solve a violating step is projected back if
       the violation is below the Newton tolerance, else redone with a smaller step (IDAS
@@ -440,6 +442,10 @@ def solve(
     if not isinstance(linear_solver, AbstractLinearSolver):
         raise TypeError("`linear_solver` must be a daeadjoint linear solver (e.g. "
                         f"daeadjoint.DenseLU()), got {linear_solver!r}.")
+    if isinstance(linear_solver, Preconditioner):
+        raise TypeError("`linear_solver` is a daeadjoint.Preconditioner, which only "
+                        "approximates the iteration matrix: use it through "
+                        "linear_solver=daeadjoint.Krylov(preconditioner=...).")
     linear_solver = linear_solver.prepare(residual, t0, y0, yp0, args)
     nq = 0
     if quadrature is not None:
