@@ -41,6 +41,14 @@ SOLVERS = {
 }
 NEW = ["banded", "sparse", pytest.param("klu", marks=pytest.mark.skipif(
     not HAVE_KLU, reason="klujax not installed"))]
+# The default suite's budget (~10 min on 2 cores): forward mode and vmap through the
+# optional KLU backend, and forward mode through BandedLU (the same forward-sensitivity
+# code as SparseLU, whose run stays in the default suite), run with --runslow.
+SLOW = pytest.mark.slow
+NEW_FAST_FWD = [pytest.param("banded", marks=SLOW), "sparse", pytest.param(
+    "klu", marks=[SLOW, pytest.mark.skipif(not HAVE_KLU, reason="klujax not installed")])]
+NEW_FAST_VMAP = ["banded", "sparse", pytest.param(
+    "klu", marks=[SLOW, pytest.mark.skipif(not HAVE_KLU, reason="klujax not installed")])]
 
 
 def close(a, b, rtol=RTOL, atol=RTOL * ATOL):
@@ -163,7 +171,7 @@ def test_solution_and_gradient_match_dense(problem, solver):
     close(gy0, gy0_d)
 
 
-@pytest.mark.parametrize("solver", NEW)
+@pytest.mark.parametrize("solver", NEW_FAST_FWD)
 def test_forward_mode_matches_dense(solver):
     """jax.jacfwd through solve (forward sensitivities, the staggered corrector with the
     same iteration matrix) on the banded index-1 DAE."""
@@ -174,7 +182,7 @@ def test_forward_mode_matches_dense(solver):
     close(jac(solver), jac("dense"))
 
 
-@pytest.mark.parametrize("solver", NEW)
+@pytest.mark.parametrize("solver", NEW_FAST_VMAP)
 def test_vmap_matches_sequential(solver):
     """A batch of three parameter sets under vmap gives each member's own solve (the
     solvers' state is batched: per-member band factors, per-member KLU values)."""
