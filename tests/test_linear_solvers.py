@@ -38,6 +38,9 @@ SOLVERS = {
     "banded": lambda band: dae.BandedLU(*band),
     "sparse": lambda band: dae.SparseLU(),
     "klu": lambda band: dae.SparseLU(backend="klu"),
+    # Matrix-free GMRES preconditioned by the sparse LU of the iteration matrix (exact at
+    # setup, inexact as J drifts between setups; the Newton iteration's own rate test).
+    "krylov": lambda band: dae.Krylov(preconditioner=dae.SparseLU()),
 }
 NEW = ["banded", "sparse", pytest.param("klu", marks=pytest.mark.skipif(
     not HAVE_KLU, reason="klujax not installed"))]
@@ -323,7 +326,7 @@ def test_nothing_n_by_n():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("solver", ["banded", "sparse", pytest.param(
+@pytest.mark.parametrize("solver", ["banded", "sparse", "krylov", pytest.param(
     "klu", marks=pytest.mark.skipif(not HAVE_KLU, reason="klujax not installed"))])
 def test_heat_r5_1766_parameters(solver):
     """R5 at M = 40 (1764 unknowns), the gradient w.r.t. all 1766 parameters (p1, p2 and
