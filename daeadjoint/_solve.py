@@ -392,8 +392,8 @@ def solve(
       (IDAS `IDASetSuppressAlg`).
     - `linear_solver`: how the Newton systems are solved (`DenseLU()`, `BandedLU(l, u)`,
       `SparseLU()`, …). Default None: `default_linear_solver` — `DenseLU()` up to 100
-      unknowns (so small problems are unchanged), above that `BandedLU`/`SparseLU` from
-      the sparsity pattern detected from the residual's program (`DenseLU()` if it is
+      unknowns (so small problems are unchanged), above that `SparseLU` with the
+      sparsity pattern detected from the residual's program (`DenseLU()` if it is
       dense or cannot be detected). Pass a solver to override it; for very large systems
       `Krylov(preconditioner=...)` (matrix-free GMRES; see the linear solvers page).
     - `constraints`: int array like y0 (IDASetConstraints): 0 none, 1 y ≥ 0, 2 y > 0,
