@@ -17,6 +17,14 @@ run the adjoint: JAX's own transformation picks the mode. Both primitives are ma
 `create_vprim` (vmap of their rules) — except that a batch of tangents alone (`jacfwd`)
 is folded into the directions of one sensitivity integration.
 
+Pure forward mode. Under `jax.jvp`/`jax.jacfwd` the primal and its tangent come from
+one integration, `primal_tangent_p` (the state with its sensitivities), instead of a
+primal solve plus a second run re-integrating the state for `tangent_p`. When JAX
+linearizes instead (`linearize`, `grad`), the tangents are unknowns of a partial
+evaluation: then the primal solve and the linear `tangent_p` stay apart
+(`_being_linearized`; and `primal_tangent_p`'s partial-evaluation rule inlines that
+unfused form where the solve sits inside a `jit` whose jaxpr JAX partially evaluates).
+
 Higher orders. The derivatives of L and Lᵀ with respect to x come from the augmented DAE
 (G) of `_augmented.py`, solved by `solve_core` itself: with T(x, u) = (y(x), L(x) u) the
 outputs of (G),
@@ -39,13 +47,14 @@ import functools as ft
 import equinox as eqx
 import equinox.internal as eqxi
 import jax
+import jax.extend.core
 import jax.interpreters.batching as batching
 import jax.numpy as jnp
 import numpy as np
 
 from ._augmented import AugmentedSolver, augmented_quadrature, augmented_residual
 from ._consistency import consistent_values, initial_sensitivities
-from ._core import Inputs, Tangents, run_forward, run_tangent
+from ._core import Inputs, Tangents, run, run_forward, run_tangent
 from ._events import event_tangents
 from ._forward_sensitivity import direction_scale, sensitivity_atol
 from ._results import RESULTS, succeeded
@@ -191,8 +200,14 @@ def _core_function(static, record: bool):
                 "daeadjoint: `solve` is not differentiable with respect to the solver's "
                 "options (e.g. Adjoint(rtol=..., atol=...)): wrap them in "
                 "jax.lax.stop_gradient.")
-        out, rec = _core_function(static, True)(dyn)
         t = input_tangents(inputs, inputs_dot)
+        if not record and not config.dense and t is not None and not _being_linearized(t):
+            # Pure forward mode (jvp, jacfwd): the state and its sensitivities in one run.
+            out, dots = eqxi.filter_primitive_bind(primal_tangent_p, config, inputs, t, None)
+            out_dot = jax.tree_util.tree_map(_zero_tangent, out)
+            out_dot = eqx.tree_at(lambda c: (c.yd, c.qs, c.event_t, c.event_yd), out_dot, dots)
+            return out, out_dot
+        out, rec = _core_function(static, True)(dyn)
         out_dot = jax.tree_util.tree_map(_zero_tangent, out)
         if t is not None:
             dots = eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, None)
@@ -203,6 +218,115 @@ def _core_function(static, record: bool):
 
     core.defjvp(core_jvp, symbolic_zeros=True)
     return core
+
+
+def _being_linearized(t) -> bool:
+    """Whether the tangents are unknowns of a partial evaluation: JAX is linearizing
+    the solve (`grad`, `vjp`, `linearize`), so the primal must be computed without
+    them (it is the linearization point) and the tangent map staged as the linear
+    `tangent_p`, which `grad` transposes into the adjoint. Looks through batching
+    (`grad` of a `vmap`ped solve)."""
+    # JAX has no public API for this: its tracer classes, from jax._src.
+    from jax._src.interpreters.batching import BatchTracer
+    from jax._src.interpreters.partial_eval import JaxprTracer
+
+    def unknown(x):
+        while isinstance(x, BatchTracer):
+            x = x.val
+        return isinstance(x, JaxprTracer) and not x.pval.is_known()
+
+    return any(unknown(x) for x in jax.tree_util.tree_leaves(t))
+
+
+# --------------------------------------- pure forward mode: the primal and L(x) ẋ at once
+
+
+def _unfused(config, inputs, t, ndir):
+    """What `primal_tangent_p` computes, as two computations: the primal solve (with
+    its record) and the linear tangent primitive — the form JAX can linearize."""
+    out, rec = solve_core(config, inputs, record=True)
+    return out, eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, ndir)
+
+
+def _primal_tangent_impl(config, inputs, t, ndir):
+    """(Core, (ẏd, q̇s, ṫ*, ẏd*)) from one integration carrying the sensitivities."""
+    k = 1 if ndir is None else ndir
+    tk = t if ndir is not None else jax.tree_util.tree_map(lambda x: x[None], t)
+    core, _, (dots, result) = run(config, inputs, tangents=tk, k=k)
+    dots = tuple(jnp.where(jnp.isfinite(d), d, 0.0) for d in dots)
+    # The primal's own status reports a failed run (its derivatives are NaN).
+    dots = _flag_failure(config, result, core.result, dots)
+    if ndir is None:
+        dots = tuple(d[0] for d in dots)
+    return core, dots
+
+
+def _primal_tangent_abstract(config, inputs, t, ndir):
+    def shaped(x):
+        return jax.core.ShapedArray(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x
+    def struct(x):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.core.ShapedArray) else x
+    args = jax.tree_util.tree_map(struct, (config, inputs, t))
+    out = eqx.filter_eval_shape(_primal_tangent_impl, *args, ndir)
+    return jax.tree_util.tree_map(shaped, out)
+
+
+def _primal_tangent_jvp(primals, tangents):
+    """Higher orders go through the unfused form (whose primitives have their rules)."""
+    config, inputs, t, ndir = primals
+    _, inputs_dot, t_dot, _ = tangents
+
+    def fill(x, dx):
+        if dx is not None:
+            return dx
+        return _zero_tangent(x)
+
+    def fill_tree(x, dx):
+        if dx is None:
+            return jax.tree_util.tree_map(_zero_tangent, x)
+        return jax.tree_util.tree_map(fill, x, dx, is_leaf=lambda v: v is None)
+
+    dyn_in, static_in = eqx.partition(inputs, eqx.is_array)
+    dyn_t, static_t = eqx.partition(t, eqx.is_array)
+
+    def f(di, dt):
+        return _unfused(config, eqx.combine(di, static_in), eqx.combine(dt, static_t), ndir)
+
+    out, out_dot = jax.jvp(f, (dyn_in, dyn_t), (fill_tree(dyn_in, eqx.filter(inputs_dot, eqx.is_array) if inputs_dot is not None else None),
+                                                  fill_tree(dyn_t, eqx.filter(t_dot, eqx.is_array) if t_dot is not None else None)))
+    out_dot = jax.tree_util.tree_map(
+        lambda d: None if getattr(d, "dtype", None) == jax.dtypes.float0 else d, out_dot)
+    return out, out_dot
+
+
+def _primal_tangent_transpose(inputs_all, cts_out):
+    raise NotImplementedError(
+        "daeadjoint internal error: the fused primal–tangent run was transposed; it is "
+        "only used when JAX is not linearizing the solve.")
+
+
+primal_tangent_p = eqxi.create_vprim(
+    "daeadjoint_primal_tangent",
+    eqxi.filter_primitive_def(_primal_tangent_impl),
+    eqxi.filter_primitive_def(_primal_tangent_abstract),
+    eqxi.filter_primitive_jvp(_primal_tangent_jvp),
+    eqxi.filter_primitive_transpose(materialise_zeros=False)(_primal_tangent_transpose),
+)
+
+
+def _primal_tangent_partial_eval(trace, *tracers, treedef, static, flatten):
+    """Partial evaluation (an undetected linearization): inline the unfused form, whose
+    primal part is known and whose tangent part is the linear `tangent_p`."""
+    if all(x.pval.is_known() for x in tracers):
+        return trace.default_process_primitive(
+            primal_tangent_p, tracers, dict(treedef=treedef, static=static, flatten=flatten))
+    config, inputs, t, ndir = _unflatten(tracers, static, treedef)
+    with jax.extend.core.set_current_trace(trace):
+        return flatten(_unfused(config, inputs, t, ndir))
+
+
+jax.interpreters.partial_eval.custom_partial_eval_rules[primal_tangent_p] = \
+    _primal_tangent_partial_eval
 
 
 # ------------------------------------------------------- the augmented system T(x, u)
@@ -538,6 +662,12 @@ def _unflatten(values, static, treedef):
     return jax.tree_util.tree_unflatten(treedef, flat)
 
 
+def _dims_tree(dims, static, treedef):
+    """The operands' batch axes as their pytree: None at every static (non-array) leaf,
+    so that only the array operands count as batched."""
+    return _unflatten(dims, [x if x is _MISSING else None for x in static], treedef)
+
+
 def _missing_marker():
     from equinox.internal import _primitive
     return _primitive._missing_dynamic
@@ -545,9 +675,9 @@ def _missing_marker():
 
 _MISSING = _missing_marker()
 _vprim_rules = {p: batching.fancy_primitive_batchers[p]
-                for p in (tangent_p, cotangent_p, hessian_p)}
+                for p in (tangent_p, cotangent_p, hessian_p, primal_tangent_p)}
 # Which operand of each primitive is linear (tangent, cotangent, direction).
-_LINEAR = {tangent_p: 3, cotangent_p: 3, hessian_p: 3}
+_LINEAR = {tangent_p: 3, cotangent_p: 3, hessian_p: 3, primal_tangent_p: 2}
 
 
 def _vmapped(prim, axis_data, vals, dims, params):
@@ -582,7 +712,7 @@ def _tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
         out = tangent_p.bind(*vals, treedef=treedef, static=static, flatten=flatten)
         return out, [None] * len(out)
     inputs_all = _unflatten(vals, static, treedef)
-    dims_all = _unflatten(dims, static, treedef)
+    dims_all = _dims_tree(dims, static, treedef)
     config_d, inputs_d, rec_d, t_d, _ = dims_all
     others = jax.tree_util.tree_leaves((config_d, inputs_d, rec_d))
     if any(d is not None for d in others):
@@ -607,6 +737,39 @@ def _tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
     return flatten(out, out_dims)
 
 
+def _primal_tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
+    """A batch of tangents alone (`jacfwd`) becomes the directions of the one run (the
+    primal stays unbatched); anything else is vmapped."""
+    params = dict(treedef=treedef, static=static, flatten=flatten)
+    if all(d is None for d in dims):
+        out = primal_tangent_p.bind(*vals, **params)
+        return out, [None] * len(out)
+    config, inputs, t, ndir = _unflatten(vals, static, treedef)
+    dims_all = _dims_tree(dims, static, treedef)
+    if any(d is not None for d in jax.tree_util.tree_leaves(dims_all[:2])):
+        # Batched primals: vmap the unfused form. (A vmapped fused run could not be
+        # split again if JAX linearizes it later — `grad` of a vmapped, jitted solve
+        # partially evaluates the vmapped jvp.)
+        out = jax.vmap(lambda c, i, t_: _unfused(c, i, t_, ndir), in_axes=dims_all[:3],
+                       axis_size=axis_data.size)(config, inputs, t)
+        return flatten(out, jax.tree_util.tree_map(lambda _: 0, out))
+    b = axis_data.size
+
+    def to_front(x, d):
+        return jnp.broadcast_to(x, (b,) + jnp.shape(x)) if d is None else jnp.moveaxis(x, d, 0)
+
+    t = jax.tree_util.tree_map(to_front, t, dims_all[2])
+    if ndir is not None:
+        t = jax.tree_util.tree_map(lambda x: x.reshape((b * ndir,) + x.shape[2:]), t)
+    core, dots = eqxi.filter_primitive_bind(primal_tangent_p, config, inputs, t,
+                                            b if ndir is None else b * ndir)
+    if ndir is not None:
+        dots = jax.tree_util.tree_map(lambda x: x.reshape((b, ndir) + x.shape[1:]), dots)
+    out_dims = (jax.tree_util.tree_map(lambda _: None, core),
+                jax.tree_util.tree_map(lambda _: 0, dots))
+    return flatten((core, dots), out_dims)
+
+
 def _fold_batch(prim, linear: int):
     """A batch of the linear operand alone (`jacrev`: many cotangents; `jacfwd` over a
     Hessian-vector product: many directions) becomes `ndir` directions of one native
@@ -617,7 +780,7 @@ def _fold_batch(prim, linear: int):
             out = prim.bind(*vals, treedef=treedef, static=static, flatten=flatten)
             return out, [None] * len(out)
         inputs_all = _unflatten(vals, static, treedef)
-        dims_all = _unflatten(dims, static, treedef)
+        dims_all = _dims_tree(dims, static, treedef)
         others = jax.tree_util.tree_leaves(dims_all[:linear] + dims_all[linear + 1:-1])
         if any(d is not None for d in others):
             return _vmapped(prim, axis_data, vals, dims,
@@ -650,5 +813,6 @@ def _fallback_batch(prim):
 
 
 batching.fancy_primitive_batchers[tangent_p] = _tangent_batch
+batching.fancy_primitive_batchers[primal_tangent_p] = _primal_tangent_batch
 batching.fancy_primitive_batchers[cotangent_p] = _fold_batch(cotangent_p, 3)
 batching.fancy_primitive_batchers[hessian_p] = _fallback_batch(hessian_p)

@@ -1,11 +1,12 @@
 """The solve as a pure function of arrays: what `_autodiff.py` differentiates.
 
-`run_forward(config, inputs)` validates the run-time inputs, computes consistent initial
-values, integrates and writes the dense output; with `record=True` it also keeps what the
-reverse pass needs (`Record`: checkpoints or the step log). `run_tangent` is the same
-integration carrying k forward-sensitivity directions (the impl of the tangent primitive).
-Nothing here knows about JAX's transformations: step sizes and orders are plain values of
-the loop, never differentiated.
+`run(config, inputs)` validates the run-time inputs, computes consistent initial values,
+integrates and writes the dense output; with `record=True` it also keeps what the
+reverse pass needs (`Record`: checkpoints or the step log), and with `tangents` it
+carries k forward-sensitivity directions in the same integration (`run_forward` and
+`run_tangent` are its two one-purpose forms). Nothing here knows about JAX's
+transformations: step sizes and orders are plain values of the loop, never
+differentiated.
 """
 
 import dataclasses
@@ -205,50 +206,119 @@ def _first_step(problem, inputs, h_heuristic):
     return jnp.minimum(h, inputs.max_step)
 
 
-def run_forward(config: Config, inputs: Inputs, record: bool = False):
-    """Consistent initialization and the forward integration. Returns (Core, Record or
-    None)."""
+def run(config: Config, inputs: Inputs, record: bool = False,
+        tangents: "Tangents | None" = None, k: int = 0, progress: bool = True):
+    """Consistent initialization and the forward integration, optionally carrying k
+    forward-sensitivity directions (IDAS's staggered corrector, `_forward_sensitivity.py`).
+
+    Returns (Core, Record or None, tangent outputs or None): with `record`, what the
+    reverse pass needs; with `tangents`, ((yd_dot (k, n_save, order+1, n), qs_dot
+    (k, n_save, nq), event_t_dot (k, R), event_yd_dot (k, R, order+2, n)), result) —
+    rows never reached are inf, and a failed run (result) gives NaN derivatives for the
+    caller to report. With sensitivities under full error control the state takes the
+    steps the sensitivities need too (as in IDAS), so its values differ from a run
+    without them within the tolerances; the Core's statistics are the run's, less the
+    sensitivity residual count (so that both runs give the same pytree)."""
     y0, yp0, init_ok, worst = consistent_values(config, inputs)
-    problem = build_problem(config, inputs)
+    n, dtype = y0.shape[0], y0.dtype
     t0, t1, saveat = inputs.t0, inputs.t1, inputs.saveat
     result0 = _start_status(config, inputs, y0, yp0, init_ok, worst)
+    sens = s0 = sp0 = qsp0 = None
+    if tangents is not None:
+        s0, sp0, qs0, qsp0, sing = initial_sensitivities(config, inputs, y0, yp0, tangents, k)
+        sens = _sensitivity_problem(config, inputs, tangents, k, y0, yp0)
+        result0 = RESULTS.where((result0 == RESULTS.successful) & sing,
+                                RESULTS.singular_initial_sensitivity, result0)
+    problem = build_problem(config, inputs, sens=sens)
     # IDAS bases the first step on the distance to the first output time.
     t_out = jnp.min(jnp.where(saveat > t0, saveat, t1))
     qp0 = problem.quad(t0, y0, yp0)
-    h0 = _first_step(problem, inputs, initial_step(problem, t0, y0, yp0, qp0, t_out))
+    h0 = _first_step(problem, inputs, initial_step(problem, t0, y0, yp0, qp0, t_out, s0, sp0))
     h0 = jnp.where(result0 == RESULTS.successful, h0, 1.0)
-    state = initial_state(problem, t0, y0, yp0, h0)
-    state = eqx.tree_at(lambda s: s.result, state, result0)
-    outputs = Outputs.create(saveat, y0.shape[0], qp0.shape[0], 0, config.order, y0.dtype)
+    state = initial_state(problem, t0, y0, yp0, h0, s0, sp0, qsp0)
+    if sens is not None:
+        state = eqx.tree_at(lambda z: z.phiqs, state, state.phiqs.at[0].set(qs0))
+    state = eqx.tree_at(lambda z: z.result, state, result0)
+    outputs = Outputs.create(saveat, n, qp0.shape[0], k, config.order, dtype)
     outputs = jax.lax.cond(result0 == RESULTS.successful, lambda: write_outputs(state, outputs),
                            lambda: outputs)   # rows at t0
-    recorders = ()
-    if record:
-        recorders = record_for(config, state)
+    recorders = record_for(config, state) if record else ()
     if config.dense:
         recorders = recorders + (DenseRecorder.create(state, config.max_steps, config.dense > 1),)
-    events = _event_state(config, inputs, y0, yp0, 0)
-    state, outputs, recorders, events = integrate(_with_progress(problem, config), state,
-                                                  outputs, t1, config.max_steps, recorders,
-                                                  events)
+    events = _event_state(config, inputs, y0, yp0, k)
+    if progress:
+        problem = _with_progress(problem, config)
+    state, outputs, recorders, events = integrate(problem, state, outputs, t1,
+                                                  config.max_steps, recorders, events)
     dense = None
     if config.dense:
         recorders, dense = recorders[:-1], recorders[-1]
-    state = eqx.tree_at(lambda s: s.result, state, _explain_failure(config, inputs, y0, yp0, state))
-    stats = dict(state.stats)
+    state = eqx.tree_at(lambda z: z.result, state, _explain_failure(config, inputs, y0, yp0, state))
+    stats = {name: v for name, v in state.stats.items()
+             if name != "num_sensitivity_residual_evals"}
     ev_t, ev_yd, ev_mask = _event_outputs(config, events, y0)
     core = Core(yd=outputs.yd, qs=outputs.qs, stats=stats, result=state.result, t_final=state.t,
                 init_info=worst, event_t=ev_t, event_yd=ev_yd, event_mask=ev_mask, dense=dense)
-    if not record:
-        return core, None
-    checkpoints = log = None
-    for r in recorders:
-        if isinstance(r, CheckpointRecorder):
-            checkpoints = r
-        else:
-            log = r
-    return core, Record(y0=y0, yp0=yp0, checkpoints=checkpoints, log=log, result=state.result,
-                        t_final=state.t, event_t=ev_t, event_yd=ev_yd, event_mask=ev_mask)
+    rec = dots = None
+    if record:
+        checkpoints = log = None
+        for r in recorders:
+            if isinstance(r, CheckpointRecorder):
+                checkpoints = r
+            else:
+                log = r
+        rec = Record(y0=y0, yp0=yp0, checkpoints=checkpoints, log=log, result=state.result,
+                     t_final=state.t, event_t=ev_t, event_yd=ev_yd, event_mask=ev_mask)
+    if tangents is not None:
+        dots = (_tangent_outputs(config, inputs, tangents, k, outputs, events, dtype, n),
+                state.result)
+    return core, rec, dots
+
+
+def run_forward(config: Config, inputs: Inputs, record: bool = False):
+    """The primal run: (Core, Record or None)."""
+    core, rec, _ = run(config, inputs, record=record)
+    return core, rec
+
+
+def run_tangent(config: Config, inputs: Inputs, tangents: "Tangents", k: int):
+    """The run carrying k sensitivity directions, for its tangent outputs only (see
+    `run`): ((yd_dot, qs_dot, event_t_dot, event_yd_dot), result)."""
+    _, _, dots = run(config, inputs, tangents=tangents, k=k, progress=False)
+    return dots
+
+
+def _sensitivity_problem(config: Config, inputs: Inputs, tangents: "Tangents", k: int,
+                         y0, yp0) -> SensitivityProblem:
+    """The k directions with their tolerances (`sensitivity_atol`, scaled by
+    `direction_scale`)."""
+    dyn = eqx.filter(inputs.args, eqx.is_inexact_array)
+    x_dot = [tangents.y0, tangents.yp0]
+    x_val = [inputs.y0, inputs.yp0]
+    if tangents.args is not None:
+        x_dot += jax.tree_util.tree_leaves(tangents.args)
+        x_val += jax.tree_util.tree_leaves(dyn)
+    pairs = [(d, v) for d, v in zip(x_dot, x_val) if d is not None]
+    nu = (direction_scale([d for d, _ in pairs], [v for _, v in pairs], y0, yp0, tangents.t0)
+          if (pairs or tangents.t0 is not None) else jnp.ones((k,), y0.dtype))
+    probe = build_problem(config, inputs)
+    nq = probe.quad(inputs.t0, y0, yp0).shape[0]
+    return SensitivityProblem(
+        args_dot=tangents.args, atol=sensitivity_atol(probe.atol, nu),
+        quad_atol=sensitivity_atol(jnp.broadcast_to(inputs.quad_atol, (nq,)), nu),
+        k=k, error_control=config.forward.error_control)
+
+
+def _tangent_outputs(config, inputs, tangents, k, outputs, events, dtype, n):
+    yd_dot = jnp.moveaxis(outputs.sd, 1, 0)
+    qs_dot = jnp.moveaxis(outputs.qsd, 1, 0)
+    if events is None:
+        ev_t_dot = jnp.zeros((k, 0), dtype)
+        ev_yd_dot = jnp.zeros((k, 0, config.order + 2, n), dtype)
+    else:
+        ev_t_dot, ev_yd_dot = event_tangents(config.event, inputs.args, events.t, events.mask,
+                                             events.yd, events.sd, tangents.args)
+    return yd_dot, qs_dot, ev_t_dot, ev_yd_dot
 
 
 def _event_state(config: Config, inputs: Inputs, y0, yp0, k: int):
@@ -279,58 +349,3 @@ class Tangents(eqx.Module):
     y0: Any = None
     yp0: Any = None
     args: Any = None   # pytree like the inexact-array part of args, or None
-
-
-def run_tangent(config: Config, inputs: Inputs, tangents: Tangents, k: int):
-    """The forward integration carrying k sensitivity directions (IDAS's staggered
-    corrector): returns ((yd_dot (k, n_save, order+1, n), qs_dot (k, n_save, nq),
-    event_t_dot (k, R), event_yd_dot (k, R, order+2, n)), result).
-
-    Rows never reached are inf; a failed run (result) gives NaN derivatives for the
-    caller to report."""
-    y0, yp0, init_ok, worst = consistent_values(config, inputs)
-    dtype = y0.dtype
-    n = y0.shape[0]
-    t0, t1, saveat = inputs.t0, inputs.t1, inputs.saveat
-    s0, sp0, qs0, qsp0, sing = initial_sensitivities(config, inputs, y0, yp0, tangents, k)
-    dyn = eqx.filter(inputs.args, eqx.is_inexact_array)
-    x_dot = [tangents.y0, tangents.yp0]
-    x_val = [inputs.y0, inputs.yp0]
-    if tangents.args is not None:
-        x_dot += jax.tree_util.tree_leaves(tangents.args)
-        x_val += jax.tree_util.tree_leaves(dyn)
-    pairs = [(d, v) for d, v in zip(x_dot, x_val) if d is not None]
-    nu = direction_scale([d for d, _ in pairs], [v for _, v in pairs], y0, yp0,
-                         tangents.t0) if (pairs or tangents.t0 is not None) else jnp.ones((k,), dtype)
-    probe = build_problem(config, inputs)
-    nq = probe.quad(t0, y0, yp0).shape[0]
-    sens = SensitivityProblem(
-        args_dot=tangents.args, atol=sensitivity_atol(probe.atol, nu),
-        quad_atol=sensitivity_atol(jnp.broadcast_to(inputs.quad_atol, (nq,)), nu),
-        k=k, error_control=config.forward.error_control)
-    problem = build_problem(config, inputs, sens=sens)
-    result0 = _start_status(config, inputs, y0, yp0, init_ok, worst)
-    result0 = RESULTS.where((result0 == RESULTS.successful) & sing,
-                            RESULTS.singular_initial_sensitivity, result0)
-    t_out = jnp.min(jnp.where(saveat > t0, saveat, t1))
-    qp0 = problem.quad(t0, y0, yp0)
-    h0 = _first_step(problem, inputs, initial_step(problem, t0, y0, yp0, qp0, t_out, s0, sp0))
-    h0 = jnp.where(result0 == RESULTS.successful, h0, 1.0)
-    state = initial_state(problem, t0, y0, yp0, h0, s0, sp0, qsp0)
-    state = eqx.tree_at(lambda s: s.phiqs, state, state.phiqs.at[0].set(qs0))
-    state = eqx.tree_at(lambda s: s.result, state, result0)
-    outputs = Outputs.create(saveat, n, nq, k, config.order, dtype)
-    outputs = jax.lax.cond(result0 == RESULTS.successful, lambda: write_outputs(state, outputs),
-                           lambda: outputs)
-    events = _event_state(config, inputs, y0, yp0, k)
-    state, outputs, _, events = integrate(problem, state, outputs, t1, config.max_steps,
-                                          (), events)
-    yd_dot = jnp.moveaxis(outputs.sd, 1, 0)
-    qs_dot = jnp.moveaxis(outputs.qsd, 1, 0)
-    if events is None:
-        ev_t_dot = jnp.zeros((k, 0), dtype)
-        ev_yd_dot = jnp.zeros((k, 0, config.order + 2, n), dtype)
-    else:
-        ev_t_dot, ev_yd_dot = event_tangents(config.event, inputs.args, events.t, events.mask,
-                                             events.yd, events.sd, tangents.args)
-    return (yd_dot, qs_dot, ev_t_dot, ev_yd_dot), state.result
