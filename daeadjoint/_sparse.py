@@ -10,15 +10,19 @@ n×n array, and factorized by one of two backends:
   permuted bandwidth. Right for 1-D chains, meshes of modest width, networks that RCM
   orders well. Singular matrices are reported as `DenseLU` does (relative pivot test).
 - `"klu"`: KLU (Davis & Palamadai Natarajan; the sparse direct solver of IDAS's
-  SUNLinSol_KLU and PyBaMM's IDAKLU) through `klujax`, CPU only. The symbolic analysis
-  (BTF + AMD ordering) is done once per pattern; klujax's numeric factorizations are
-  C++ objects that a functional `while_loop` cannot free or keep safely, so each solve
-  refactorizes from the carried O(nnz) values (`solve_with_symbol`) — still far cheaper
-  than a dense or wide-band factorization on 2-D/3-D meshes. KLU reports a numerically
-  singular J as a runtime error (not `RESULTS.singular_matrix`), so prefer `"banded"`
-  for problems that may hit singular matrices (index > 1 checks, failing
-  initializations). klujax's batching rule refuses batched pattern arrays, which a
-  batched `lax.cond` (vmap over whole solves) can produce: use `"banded"` for batches.
+  SUNLinSol_KLU and PyBaMM's IDAKLU) through `klujax`, CPU only (`_klu`). The symbolic
+  analysis (BTF + AMD ordering) is done once per pattern. Each solve refactorizes from
+  the carried O(nnz) values (`solve_with_symbol`) — still far cheaper than a dense or
+  wide-band factorization on 2-D/3-D meshes: klujax's numeric factorizations made inside
+  a compiled program are raw C++ handles that no operation in the program can free (a
+  factorization per setup would leak one per setup), and its in-place `refactor` would
+  make the matrices alive at the same time (adjoint iteration and jump matrices, vmap
+  members) share one. KLU stops the program with a runtime error on a singular matrix
+  and exposes no pivots, so each setup tests J on the host (`_klu.klu_singular`:
+  `DenseLU`'s pivot test on a SuperLU factorization) and hands KLU the identity instead
+  of a singular J; `is_singular` reports the test. The pattern and the symbolic handle
+  are static parameters of `_klu.klu_solve_p`, not arrays, so `vmap` over whole solves
+  (batched `lax.cond`s batch every array operand) works.
 """
 
 import functools
@@ -34,6 +38,7 @@ from ._banded import (block_layout, blocks_singular, factor_blocks, solve_blocks
                       solve_blocks_transposed, to_blocks)
 from ._jacobian import (Sparsity, assemble, check_pattern, colour_columns,
                         compressed_jacobian, detect_sparsity, pattern_mismatch, seeds)
+from ._klu import klu_singular, klu_solve, klujax as _klujax
 from ._linear_solver import AbstractLinearSolver, DenseLU
 
 
@@ -69,6 +74,9 @@ class _Plan:
             with jax.ensure_compile_time_eval():
                 self.symbolic = klujax.analyze(np.asarray(sparsity.rows),
                                                np.asarray(sparsity.cols), sparsity.n)
+            # What KLU factorizes instead of a singular J (see `_klu_guard`): the
+            # identity, which every pattern contains.
+            self.identity = (sparsity.rows == sparsity.cols).astype(np.float64)
 
 
 @functools.lru_cache(maxsize=32)
@@ -88,20 +96,6 @@ def reverse_cuthill_mckee(sparsity: Sparsity) -> np.ndarray:
     ones = np.ones(sparsity.nnz, np.int8)
     a = sps.csr_matrix((ones, (sparsity.rows, sparsity.cols)), shape=(n, n))
     return np.asarray(rcm((a + a.T).tocsr(), symmetric_mode=True), dtype=np.int64)
-
-
-def _klujax():
-    """Import klujax without its import-time side effect of pinning JAX to the CPU
-    platform for the whole process (it sets `jax_platform_name`)."""
-    previous = jax.config.read("jax_platform_name")
-    try:
-        import klujax
-    except ImportError as err:
-        raise ImportError("SparseLU(backend='klu') needs klujax: pip install "
-                          "'daeadjoint[klu]' (or klujax>=0.5.1).") from err
-    finally:
-        jax.config.update("jax_platform_name", previous)
-    return klujax
 
 
 # ------------------------------------------------------------------ the solver
@@ -163,7 +157,7 @@ class SparseLU(AbstractLinearSolver):
                 "dF/dy ∪ dF/dy', or sparsity=None to detect it.")
         if self.backend == "banded":
             return factor_blocks(to_blocks(values[plan.order], plan.layout))
-        return values
+        return _klu_guard(plan, values)
 
     def solve(self, state, rhs, *, transpose=False, weights=None, operator=None):
         if self.backend == "klu":
@@ -182,20 +176,23 @@ class SparseLU(AbstractLinearSolver):
                              "`solve` (via `prepare`); outside it pass `sparsity=`.")
         return self.sparsity
 
-    def _solve_klu(self, values, rhs, transpose):
-        sparsity = self._sparsity_of(values)
-        plan = _plan(sparsity, "klu")
-        klujax = _klujax()
-        fn = klujax.tsolve_with_symbol if transpose else klujax.solve_with_symbol
-        rows, cols = jnp.asarray(sparsity.rows), jnp.asarray(sparsity.cols)
-        return fn(rows, cols, values, rhs, plan.symbolic)
+    def _solve_klu(self, state, rhs, transpose):
+        plan = _plan(self._sparsity_of(state), "klu")
+        return klu_solve(plan, state[0], rhs, transpose)
 
     def is_singular(self, state) -> Bool[Array, ""]:
         if self.backend == "klu":
-            # KLU stops on a singular matrix with a runtime error; a finite assembled
-            # matrix is all this backend can check here.
-            return ~jnp.all(jnp.isfinite(state))
+            return state[1]
         return blocks_singular(state)
+
+
+def _klu_guard(plan: _Plan, values):
+    """The KLU state (values, singular). KLU stops the whole program with a runtime
+    error on a singular matrix, so a matrix found singular (`klu_singular`) is replaced by
+    the identity: the solves still run (their results are unused: the Newton iteration
+    fails on `is_singular`) and the status is reported."""
+    singular = klu_singular(plan.sparsity, values)
+    return jnp.where(singular, jnp.asarray(plan.identity, values.dtype), values), singular
 
 
 # ------------------------------------------------------------------ the default
