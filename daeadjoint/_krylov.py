@@ -184,8 +184,10 @@ def slow_mode_factor(cj_setup):
     "successful" with y1 = −1.9e7. Testing ‖r‖ ≤ tol · cj makes such errors ≤ tol.
     A preconditioner P ≈ J removes the 1/cj (P⁻¹J ≈ I), so this applies without one.
     cj is taken at its smallest value since the last setup (cj ≥ (3/5)·cj_old), never
-    looser than IDAS's test."""
-    return jnp.minimum(1.0, CJ_RATIO_MIN * cj_setup)
+    looser than IDAS's test. cj = 0 (the auxiliary matrices of the consistent
+    initialization, whose unknowns include y' and whose Newton iteration has no step
+    h) keeps IDAS's test: there is no slow-mode 1/cj to bound."""
+    return jnp.where(cj_setup > 0, jnp.minimum(1.0, CJ_RATIO_MIN * cj_setup), 1.0)
 
 
 class Preconditioner(AbstractLinearSolver):
