@@ -633,12 +633,17 @@ def _hessian_transpose(inputs_all, cts_out):
     nones = (_nones_like(config), _nones_like(inputs), _nones_like(ct))
     if w is None:
         return (*nones, _nones_like(x_dot), _nones_like(wanted), None)
-    if ndir is not None:
-        raise NotImplementedError(
-            "daeadjoint: transposing a batch of Hessian-vector products in the observation "
-            "weights is not supported; vmap outside the derivative instead.")
-    w = _full(inputs, w)
-    out = eqxi.filter_primitive_bind(hessian_p, config, inputs, ct, w, _linear_fields(x_dot), None)
+    fields = _linear_fields(x_dot)
+    if ndir is None:
+        w = _full(inputs, w)
+        out = eqxi.filter_primitive_bind(hessian_p, config, inputs, ct, w, fields, None)
+    else:
+        # A batch of cotangents ȳ_i shares δx: the transpose is Σ_i H(x, ȳ_i) w_i
+        # (`jacrev` of `jacrev`, whose inner cotangents were folded into ndir).
+        w = _full(inputs, w, (ndir,))
+        outs = jax.vmap(lambda c, wi: eqxi.filter_primitive_bind(
+            hessian_p, config, inputs, c, wi, fields, None))(ct, w)
+        out = jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), outs)
     out = Tangents(**{f: (None if getattr(x_dot, f) is None else _only_linear(getattr(x_dot, f), getattr(out, f)))
                       for f in ("t0", "y0", "yp0", "args")})
     return (*nones, out, _nones_like(wanted), None)
