@@ -276,24 +276,24 @@ def _primal_tangent_jvp(primals, tangents):
     config, inputs, t, ndir = primals
     _, inputs_dot, t_dot, _ = tangents
 
-    def fill(x, dx):
-        if dx is not None:
-            return dx
-        return _zero_tangent(x)
+    # Differentiate with respect to the leaves that have tangents only (the others, e.g.
+    # t1 or saveat, must reach the core without any, not with zeros).
+    def leaf_tangents(x, dx):   # dx: like x with None at leaves without a tangent
+        tr = jax.tree_util.tree_structure(x)
+        return [None] * tr.num_leaves if dx is None else tr.flatten_up_to(dx)
 
-    def fill_tree(x, dx):
-        if dx is None:
-            return jax.tree_util.tree_map(_zero_tangent, x)
-        return jax.tree_util.tree_map(fill, x, dx, is_leaf=lambda v: v is None)
+    leaves, tree = jax.tree_util.tree_flatten((inputs, t))
+    dots = leaf_tangents(inputs, inputs_dot) + leaf_tangents(t, t_dot)
+    live = [i for i, (x, d) in enumerate(zip(leaves, dots)) if d is not None and eqx.is_array(x)]
 
-    dyn_in, static_in = eqx.partition(inputs, eqx.is_array)
-    dyn_t, static_t = eqx.partition(t, eqx.is_array)
+    def f(*xs):
+        full = list(leaves)
+        for i, x in zip(live, xs):
+            full[i] = x
+        inputs_, t_ = jax.tree_util.tree_unflatten(tree, full)
+        return _unfused(config, inputs_, t_, ndir)
 
-    def f(di, dt):
-        return _unfused(config, eqx.combine(di, static_in), eqx.combine(dt, static_t), ndir)
-
-    out, out_dot = jax.jvp(f, (dyn_in, dyn_t), (fill_tree(dyn_in, eqx.filter(inputs_dot, eqx.is_array) if inputs_dot is not None else None),
-                                                  fill_tree(dyn_t, eqx.filter(t_dot, eqx.is_array) if t_dot is not None else None)))
+    out, out_dot = jax.jvp(f, tuple(leaves[i] for i in live), tuple(dots[i] for i in live))
     out_dot = jax.tree_util.tree_map(
         lambda d: None if getattr(d, "dtype", None) == jax.dtypes.float0 else d, out_dot)
     return out, out_dot

@@ -209,7 +209,8 @@ def test_inconsistent_initial_values_hint_init():
 def test_every_transformation_and_second_order():
     """Forward mode and nested reverse raised JAX's generic errors (and jax.hessian
     returned NaN). Now linearize, jvp-of-grad (forward over adjoint) and jacrev-of-jacrev
-    (reverse over reverse) give the exact derivatives of e^{−k}; jacfwd and jvp are
+    (reverse over reverse), jacfwd-of-jacfwd and jacrev-of-jacfwd give the exact
+    derivatives of e^{−k}; jacfwd and jvp are
     checked above, jax.hessian (jacfwd of jacrev) with the DiscreteAdjoint above and
     with the adjoint in tests/test_transformations.py."""
     k = 0.5
@@ -219,6 +220,10 @@ def test_every_transformation_and_second_order():
     _, hvp = jax.jvp(jax.grad(y_end), (k,), (1.0,))
     assert abs(float(hvp) - e) <= BOUND
     assert abs(float(jax.jacrev(jax.jacrev(y_end))(k)) - e) <= BOUND
+    # Forward over forward and reverse over forward: the fused forward run's own
+    # derivative rule (through the unfused primal and tangent primitives).
+    assert abs(float(jax.jacfwd(jax.jacfwd(y_end))(k)) - e) <= BOUND
+    assert abs(float(jax.jacrev(jax.jacfwd(y_end))(k)) - e) <= BOUND
 
 
 def test_derivative_wrt_tolerance_is_a_clear_error():
