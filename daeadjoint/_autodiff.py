@@ -329,40 +329,6 @@ jax.interpreters.partial_eval.custom_partial_eval_rules[primal_tangent_p] = \
     _primal_tangent_partial_eval
 
 
-def _vprim_partial_eval(trace, *tracers, prim, __axis_size, __axis_name, __batch_axes,
-                        params):
-    """equinox's vmapped primitive: JAX's default partial evaluation, except for a
-    vmapped `primal_tangent_p` (vmap of jvp, e.g. `grad` of a vmapped jitted solve)
-    with unknown tangents, which is split into the vmapped unfused form as above."""
-    kw = dict(prim=prim, __axis_size=__axis_size, __axis_name=__axis_name,
-              __batch_axes=__batch_axes, params=params)
-    if prim is not primal_tangent_p or all(x.pval.is_known() for x in tracers):
-        if _VPRIM_RULE is not None:   # a rule registered before ours (none in equinox 0.13)
-            return _VPRIM_RULE(trace, *tracers, **kw)
-        return trace.default_process_primitive(_VPRIM, tracers, kw)
-    p = dict(params)
-
-    def unfused(*flat):
-        config, inputs, t, ndir = _unflatten(flat, p["static"], p["treedef"])
-        return p["flatten"](_unfused(config, inputs, t, ndir))
-
-    with jax.extend.core.set_current_trace(trace):
-        return jax.vmap(unfused, in_axes=__batch_axes, axis_size=__axis_size,
-                        axis_name=__axis_name)(*tracers)
-
-
-def _vprim_primitive():
-    from equinox.internal import _primitive
-    return _primitive._vprim_p
-
-
-_VPRIM = _vprim_primitive()
-_VPRIM_RULE = jax.interpreters.partial_eval.custom_partial_eval_rules.get(_VPRIM)
-if getattr(_VPRIM_RULE, "__name__", None) == "_vprim_partial_eval":   # module reloaded
-    _VPRIM_RULE = None
-jax.interpreters.partial_eval.custom_partial_eval_rules[_VPRIM] = _vprim_partial_eval
-
-
 # ------------------------------------------------------- the augmented system T(x, u)
 
 
@@ -786,9 +752,12 @@ def _primal_tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
     config, inputs, t, ndir = _unflatten(vals, static, treedef)
     dims_all = _dims_tree(dims, static, treedef)
     if any(d is not None for d in jax.tree_util.tree_leaves(dims_all[:2])):
-        # Batched primals: one fused run per member (create_vprim's rule; should JAX
-        # linearize it later, `_vprim_partial_eval` splits it again).
-        return _vmapped(primal_tangent_p, axis_data, vals, dims, params)
+        # Batched primals: vmap the unfused form. (A vmapped fused run could not be
+        # split again if JAX linearizes it later — `grad` of a vmapped, jitted solve
+        # partially evaluates the vmapped jvp.)
+        out = jax.vmap(lambda c, i, t_: _unfused(c, i, t_, ndir), in_axes=dims_all[:3],
+                       axis_size=axis_data.size)(config, inputs, t)
+        return flatten(out, jax.tree_util.tree_map(lambda _: 0, out))
     b = axis_data.size
 
     def to_front(x, d):
