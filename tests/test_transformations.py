@@ -164,6 +164,13 @@ def test_pure_forward_mode_is_one_run_and_grad_of_vmap_is_not():
     assert "daeadjoint_cotangent" in str(jax.make_jaxpr(jax.grad(lambda qs: jnp.sum(jax.vmap(loss)(qs))))(ps))
     for i in range(2):
         np.testing.assert_allclose(g_batched[i], g_single(ps[i]), rtol=1e-7, atol=1e-12)
+    # jacfwd outside a vmap over the primal (examples/fit_event_time.py): the primal
+    # stays unbatched over the directions; equals the member's jacfwd (2e-7: 20
+    # tolerance units, as in test_vmap_of_jacfwd_and_linearize).
+    two = lambda q: jax.vmap(lambda r: kinetics_algebraic(r, 1e-8))(jnp.stack([q, 1.1 * q]))  # noqa: E731
+    J = jax.jit(jax.jacfwd(two))(p)
+    single = jax.jit(jax.jacfwd(lambda q: kinetics_algebraic(q, 1e-8)))
+    np.testing.assert_allclose(J[0], single(p), rtol=2e-7, atol=2e-7)
 
 
 # ------------------------------------------------------------- second order
