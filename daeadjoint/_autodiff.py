@@ -710,6 +710,25 @@ def _vmapped(prim, axis_data, vals, dims, params):
     return _vprim_rules[prim](axis_data, tuple(vals), tuple(dims), **params)
 
 
+def _fold_directions(x, dims, b: int, ndir):
+    """A batch (size b, axes `dims`) of an operand with `ndir` directions (None: one)
+    as b·ndir directions of one run: (folded operand, new ndir)."""
+    def to_front(v, d):
+        return jnp.broadcast_to(v, (b,) + jnp.shape(v)) if d is None else jnp.moveaxis(v, d, 0)
+
+    x = jax.tree_util.tree_map(to_front, x, dims)
+    if ndir is None:
+        return x, b
+    return jax.tree_util.tree_map(lambda v: v.reshape((b * ndir,) + v.shape[2:]), x), b * ndir
+
+
+def _unfold_directions(out, b: int, ndir):
+    """The inverse of `_fold_directions` on a run's outputs (batch axis 0)."""
+    if ndir is None:
+        return out
+    return jax.tree_util.tree_map(lambda v: v.reshape((b, ndir) + v.shape[1:]), out)
+
+
 def _tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
     """A batch of tangents alone (`jacfwd`, `vmap` of `jvp` over tangents) becomes the
     directions of one sensitivity integration; anything else is vmapped (create_vprim)."""
@@ -725,19 +744,9 @@ def _tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
                         dict(treedef=treedef, static=static, flatten=flatten))
     config, inputs, rec, t, ndir = inputs_all
     b = axis_data.size
-
-    def to_front(x, d):
-        if d is None:
-            return jnp.broadcast_to(x, (b,) + jnp.shape(x))
-        return jnp.moveaxis(x, d, 0)
-
-    t = jax.tree_util.tree_map(to_front, t, t_d)
-    if ndir is not None:
-        t = jax.tree_util.tree_map(lambda x: x.reshape((b * ndir,) + x.shape[2:]), t)
-    new_ndir = b if ndir is None else b * ndir
+    t, new_ndir = _fold_directions(t, t_d, b, ndir)
     out = eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, new_ndir)
-    if ndir is not None:
-        out = jax.tree_util.tree_map(lambda x: x.reshape((b, ndir) + x.shape[1:]), out)
+    out = _unfold_directions(out, b, ndir)
     out_dims = jax.tree_util.tree_map(lambda _: 0, out)
     return flatten(out, out_dims)
 
@@ -759,17 +768,9 @@ def _primal_tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
                        axis_size=axis_data.size)(config, inputs, t)
         return flatten(out, jax.tree_util.tree_map(lambda _: 0, out))
     b = axis_data.size
-
-    def to_front(x, d):
-        return jnp.broadcast_to(x, (b,) + jnp.shape(x)) if d is None else jnp.moveaxis(x, d, 0)
-
-    t = jax.tree_util.tree_map(to_front, t, dims_all[2])
-    if ndir is not None:
-        t = jax.tree_util.tree_map(lambda x: x.reshape((b * ndir,) + x.shape[2:]), t)
-    core, dots = eqxi.filter_primitive_bind(primal_tangent_p, config, inputs, t,
-                                            b if ndir is None else b * ndir)
-    if ndir is not None:
-        dots = jax.tree_util.tree_map(lambda x: x.reshape((b, ndir) + x.shape[1:]), dots)
+    t, new_ndir = _fold_directions(t, dims_all[2], b, ndir)
+    core, dots = eqxi.filter_primitive_bind(primal_tangent_p, config, inputs, t, new_ndir)
+    dots = _unfold_directions(dots, b, ndir)
     out_dims = (jax.tree_util.tree_map(lambda _: None, core),
                 jax.tree_util.tree_map(lambda _: 0, dots))
     return flatten((core, dots), out_dims)
@@ -792,20 +793,9 @@ def _fold_batch(prim, linear: int):
                             dict(treedef=treedef, static=static, flatten=flatten))
         b = axis_data.size
         ndir = inputs_all[-1]
-
-        def to_front(x, d):
-            if d is None:
-                return jnp.broadcast_to(x, (b,) + jnp.shape(x))
-            return jnp.moveaxis(x, d, 0)
-
-        lin = jax.tree_util.tree_map(to_front, inputs_all[linear], dims_all[linear])
-        if ndir is not None:
-            lin = jax.tree_util.tree_map(lambda x: x.reshape((b * ndir,) + x.shape[2:]), lin)
-        new_ndir = b if ndir is None else b * ndir
+        lin, new_ndir = _fold_directions(inputs_all[linear], dims_all[linear], b, ndir)
         args = inputs_all[:linear] + (lin,) + inputs_all[linear + 1:-1] + (new_ndir,)
-        out = eqxi.filter_primitive_bind(prim, *args)
-        if ndir is not None:
-            out = jax.tree_util.tree_map(lambda x: x.reshape((b, ndir) + x.shape[1:]), out)
+        out = _unfold_directions(eqxi.filter_primitive_bind(prim, *args), b, ndir)
         return flatten(out, jax.tree_util.tree_map(lambda _: 0, out))
     return rule
 
