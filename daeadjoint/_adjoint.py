@@ -56,8 +56,9 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from ._consistency import consistency_solve
-from ._integrator import (CheckpointRecorder, Outputs, Problem, StepRecorder, initial_state,
-                          initial_step, integrate, restore_linear_state)
+from ._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, StepRecorder,
+                          initial_state, initial_step, integrate, restore_linear_state,
+                          segment_capacity)
 from ._linear_solver import AbstractLinearSolver
 from ._newton import tree_where
 from ._events import observations
@@ -69,10 +70,13 @@ class Adjoint(eqx.Module):
 
     **Arguments:**
 
-    - `checkpoint_every`: steps between hot-restart checkpoints of the forward pass.
-      Memory: O(max_steps / checkpoint_every) checkpoints of O(n) each, plus one segment
-      buffer of O(checkpoint_every · n) in the backward pass — independent of the number
-      of steps taken.
+    - `checkpoint_every`: steps between hot-restart checkpoints of the forward pass
+      (default 100, as IDAS's adjoint examples). The forward pass also keeps the steps
+      of its last segment, so a solve of at most `checkpoint_every` steps is never
+      replayed; earlier segments are, once each. Memory: ⌈max_steps/checkpoint_every⌉
+      + 1 checkpoints of O(n) each, plus two segment buffers (the forward's last and the
+      backward's current) of checkpoint_every + O(1) steps × 2n — independent of the
+      number of steps taken.
     - `interpolation`: how the backward pass evaluates the forward solution between
       steps: `"hermite"` (default; piecewise cubic Hermite on the step nodes, C¹, so the
       adjoint's coefficients are continuous) or `"bdf"` (the forward BDF polynomial, as
@@ -86,7 +90,7 @@ class Adjoint(eqx.Module):
     - `max_steps`: adjoint steps allowed between two restarts (default: the forward one).
     """
 
-    checkpoint_every: int = eqx.field(static=True, default=50)
+    checkpoint_every: int = eqx.field(static=True, default=100)
     interpolation: str = eqx.field(static=True, default="hermite")
     rtol: float | None = None       # may be traced (a tolerance study under jit/vmap)
     atol: float | None = None
@@ -101,8 +105,12 @@ class Adjoint(eqx.Module):
             raise ValueError("Adjoint(checkpoint_every=...) must be a positive integer, got "
                              f"{self.checkpoint_every!r}.")
 
-    def recorders(self, state, max_steps: int) -> tuple:
-        return (CheckpointRecorder.create(state, self.checkpoint_every, max_steps),)
+    def recorders(self, state, yp0, max_steps: int) -> tuple:
+        checkpoints = CheckpointRecorder.create(state, self.checkpoint_every, max_steps)
+        if not SegmentRecorder.pays(state):
+            return (checkpoints,)
+        return (checkpoints, SegmentRecorder.create(state, yp0, self.checkpoint_every,
+                                                    hermite=self.interpolation == "hermite"))
 
     def backward(self, config, inputs, rec, ct, wanted):
         return backward(self, config, inputs, rec, ct, wanted)
@@ -290,7 +298,7 @@ def replay_segment(problem_fwd: Problem, ck, c, n_ck, t_next, tstop, yp0, buf0, 
     yp_start = jnp.where(c == 0, yp0, yp_start)
     n, nq = st.phi.shape[1], st.phiq.shape[1]
     st, _, (rec,), _ = integrate(prob, st, _empty_outputs(st.phi.dtype, n, nq), t_next,
-                              max_steps, (buf0.start(st, yp_start),))
+                                 max_steps, (buf0.start(st, yp_start),))
     ok = (st.result == RESULTS.successful) & ~rec.overflowed()
     return rec, ok
 
@@ -336,7 +344,9 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
     max_fwd = config.max_steps
     max_adj = adjoint.max_steps or config.max_steps
     empty_adj = _empty_outputs(dtype, 2 * n * k, npar * k)
-    buf0 = StepRecorder.create(2 * every + 20, n, dtype, hermite=adjoint.interpolation == "hermite")
+    capacity = segment_capacity(every)
+    buf0 = StepRecorder.create(capacity, n, dtype, hermite=adjoint.interpolation == "hermite",
+                               per_step=False)
     w0 = jnp.zeros((k, nq), dtype)
     Z0 = jnp.zeros((2 * n * k,), dtype)
     adj0 = initial_state(problem(buf0, w0, ts[-1], jnp.asarray(-jnp.inf, dtype)), jnp.zeros((), dtype), Z0, Z0,
@@ -425,12 +435,20 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         # The last segment ends where the forward run did (t1, or the step holding a
         # terminal event).
         t_next = jnp.where(i + 1 >= n_ck, rec.t_final, ck_states.t[jnp.minimum(i + 1, ck_cap - 1)])
+        # The forward run kept the steps of its last segment: only earlier ones replay.
+        kept = (need & (i == rec.segment.index) if rec.segment is not None
+                else jnp.zeros((), bool))
+        replay = need & ~kept
         buf, ok = jax.lax.cond(
-            eqxi.unvmap_any(need),
+            eqxi.unvmap_any(replay),
             lambda: replay_segment(problem_fwd, ck, i, n_ck, t_next, tstop, yp0, buf0, max_fwd),
             lambda: (c["buf"], jnp.ones((), bool)))
-        buf = tree_where(need, buf, c["buf"])
-        c = dict(c, buf=buf, ok=c["ok"] & (ok | ~need), t_low=t_low)
+        buf = tree_where(replay, buf, c["buf"])
+        if rec.segment is not None:
+            buf = jax.lax.cond(eqxi.unvmap_any(kept),
+                               lambda: tree_where(kept, rec.segment.buffer(buf0), buf),
+                               lambda: buf)
+        c = dict(c, buf=buf, ok=c["ok"] & (ok | ~replay), t_low=t_low)
         c = jax.lax.while_loop(inner_cond, inner_body, c)
         del c["t_low"]
         return dict(c, c=i - 1)

@@ -24,8 +24,8 @@ from ._events import Event, EventState, event_tangents
 from ._forward_sensitivity import (ForwardSensitivity, SensitivityProblem, direction_scale,
                                    sensitivity_atol)
 from ._initialization import violated
-from ._integrator import (CheckpointRecorder, DenseRecorder, Outputs, Problem, initial_state,
-                          initial_step, integrate, write_outputs)
+from ._integrator import (CheckpointRecorder, DenseRecorder, Outputs, Problem, SegmentRecorder,
+                          initial_state, initial_step, integrate, write_outputs)
 from ._linear_solver import AbstractLinearSolver
 from ._results import RESULTS
 
@@ -95,13 +95,14 @@ class Core(eqx.Module):
 
 class Record(eqx.Module):
     """What the reverse pass needs from the forward run: the consistent initial values,
-    hot-restart checkpoints (`Adjoint`) and/or the accepted step sequence
-    (`DiscreteAdjoint`), and the run's status."""
+    hot-restart checkpoints and the last segment's steps (`Adjoint`) and/or the
+    accepted step sequence (`DiscreteAdjoint`), and the run's status."""
 
     y0: Float[Array, " n"]
     yp0: Float[Array, " n"]
     checkpoints: Any
     log: Any
+    segment: Any
     result: RESULTS
     t_final: Float[Array, ""]
     event_t: Float[Array, " R"]
@@ -242,7 +243,7 @@ def run(config: Config, inputs: Inputs, record: bool = False,
     outputs = Outputs.create(saveat, n, qp0.shape[0], k, config.order, dtype)
     outputs = jax.lax.cond(result0 == RESULTS.successful, lambda: write_outputs(state, outputs),
                            lambda: outputs)   # rows at t0
-    recorders = record_for(config, state) if record else ()
+    recorders = record_for(config, state, yp0) if record else ()
     if config.dense:
         recorders = recorders + (DenseRecorder.create(state, config.max_steps, config.dense > 1),)
     events = _event_state(config, inputs, y0, yp0, k)
@@ -261,14 +262,17 @@ def run(config: Config, inputs: Inputs, record: bool = False,
                 init_info=worst, event_t=ev_t, event_yd=ev_yd, event_mask=ev_mask, dense=dense)
     rec = dots = None
     if record:
-        checkpoints = log = None
+        checkpoints = log = segment = None
         for r in recorders:
             if isinstance(r, CheckpointRecorder):
                 checkpoints = r
+            elif isinstance(r, SegmentRecorder):
+                segment = r
             else:
                 log = r
-        rec = Record(y0=y0, yp0=yp0, checkpoints=checkpoints, log=log, result=state.result,
-                     t_final=state.t, event_t=ev_t, event_yd=ev_yd, event_mask=ev_mask)
+        rec = Record(y0=y0, yp0=yp0, checkpoints=checkpoints, log=log, segment=segment,
+                     result=state.result, t_final=state.t, event_t=ev_t, event_yd=ev_yd,
+                     event_mask=ev_mask)
     if tangents is not None:
         dots = (_tangent_outputs(config, inputs, tangents, k, outputs, events, dtype, n),
                 state.result)
@@ -336,9 +340,9 @@ def _event_outputs(config: Config, events, y0):
     return events.t, events.yd, events.mask
 
 
-def record_for(config: Config, state) -> tuple:
+def record_for(config: Config, state, yp0) -> tuple:
     """The recorders the configured reverse pass needs (`config.reverse.recorders`)."""
-    return config.reverse.recorders(state, config.max_steps)
+    return config.reverse.recorders(state, yp0, config.max_steps)
 
 
 class Tangents(eqx.Module):

@@ -61,7 +61,7 @@ class DiscreteAdjoint(eqx.Module):
             raise ValueError(f"DiscreteAdjoint(segment=...) must be a positive integer, got "
                              f"{self.segment!r}.")
 
-    def recorders(self, state, max_steps: int) -> tuple:
+    def recorders(self, state, yp0, max_steps: int) -> tuple:
         return (StepLog.create(max_steps, state.phi.dtype),
                 CheckpointRecorder.create(state, self.segment, max_steps))
 

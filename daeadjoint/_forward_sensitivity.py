@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
 from ._bdf import wrms
-from ._newton import EPS_NEWT, MAX_ITERS, RATE_MAX, TOLDEL, tree_where
+from ._newton import EPS_NEWT, MAX_ITERS, RATE_MAX, TOLDEL, maybe_update, tree_where
 
 
 class SensitivityProblem(eqx.Module):
@@ -162,11 +162,8 @@ def sensitivity_corrector(problem, sens: SensitivityProblem, t, y, yp, cj, s_pre
 
     # With a stale J the iteration may fail to converge: rebuild J at the converged state
     # (IDAS's staggered solver calls lsetup) and iterate again.
-    def rebuild():
-        new = solver.setup(problem.residual, t, y, yp, cj, problem.args)
-        return tree_where(retry, new, lin_state)
-
-    lin_new = jax.lax.cond(eqxi.unvmap_any(retry), rebuild, lambda: lin_state)
+    lin_new = maybe_update(retry, lambda: solver.setup(problem.residual, t, y, yp, cj,
+                                                        problem.args), lin_state)
     second_try = jax.lax.cond(eqxi.unvmap_any(retry), lambda: iterate(lin_new, cj, 20.0),
                               lambda: first_try)
     out = tree_where(retry, second_try, first_try)

@@ -35,8 +35,8 @@ from ._events import Event, EventState, search_step
 from ._forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
                                    sensitivity_corrector)
 from ._initialization import violated
-from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR, newton_solve,
-                      tree_where)
+from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR, maybe_update,
+                      newton_solve, tree_where)
 from ._results import RESULTS
 
 MAX_ERROR_TEST_FAILS = 10   # IDAS maxnef
@@ -284,7 +284,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         # A rebuilt J (after a failed sensitivity iteration) only replaces the state's if
         # the state corrector converged; otherwise the step is redone anyway.
         use = nw.converged
-        lin_state = tree_where(use, sc.lin_state, lin_state)
+        lin_state = maybe_update(use & (sc.num_jacobian_evals > 0), lambda: sc.lin_state,
+                                 lin_state)
         jac_point = tree_where(use, sc.jac_point, jac_point)
         cj_old_new = jnp.where(use, sc.cj_old, cj_old_new)
         extra_res, extra_jac = sc.num_residual_evals, sc.num_jacobian_evals
@@ -443,6 +444,10 @@ def troundoff(s: State):
 
 
 OUTPUT_BLOCK = 8   # output rows written per masked block update
+# XLA's CPU runtime runs a loop body sequentially only while every buffer it touches is
+# at most this size; larger ones put each iteration's operations on its thread pool
+# (ThunkExecutor's sequential threshold in jaxlib 0.10; not configurable from JAX).
+LOOP_BYTES = 512
 
 
 def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
@@ -663,7 +668,10 @@ class StepRecorder(eqx.Module):
       Hermite interpolation — C¹ across steps, so the adjoint's coefficients
       F_y(t, y(t), y'(t)) have no jumps at forward step boundaries;
     - (φ, ψ, k_used) of each step, for the BDF interpolating polynomial — exactly the
-      forward dense output, but its y' jumps at step boundaries.
+      forward dense output, but its y' jumps at step boundaries. Kept only for
+      `hermite=False`: the Hermite nodes need 2n numbers a step, the BDF history 6n, and
+      at n ≈ 10³ writing and allocating the unused history cost the backward pass more
+      than its arithmetic.
     """
 
     hermite: bool = eqx.field(static=True)
@@ -674,14 +682,19 @@ class StepRecorder(eqx.Module):
     psi: Float[Array, "N 6"]
     k_used: Int[Array, " N"]
     count: Int[Array, ""]
+    # False: recorded by `integrate`'s outer loop after each accepted step, so that the
+    # step loop itself never touches the buffer (see `integrate`: on small systems that
+    # keeps the step loop off XLA's thread pool; Robertson's backward pass 10-15 %).
+    per_step: bool = eqx.field(static=True, default=True)
 
     @classmethod
-    def create(cls, capacity: int, n: int, dtype, hermite: bool = True):
-        return cls(hermite=hermite, t=jnp.full((capacity + 1,), jnp.inf, dtype),
+    def create(cls, capacity: int, n: int, dtype, hermite: bool = True, per_step: bool = True):
+        cap_h = 0 if hermite else capacity
+        return cls(hermite=hermite, per_step=per_step, t=jnp.full((capacity + 1,), jnp.inf, dtype),
                    y=jnp.zeros((capacity + 1, n), dtype), yp=jnp.zeros((capacity + 1, n), dtype),
-                   phi=jnp.zeros((capacity, NPHI, n), dtype),
-                   psi=jnp.ones((capacity, NPHI), dtype),
-                   k_used=jnp.ones((capacity,), jnp.int32), count=jnp.zeros((), jnp.int32))
+                   phi=jnp.zeros((cap_h, NPHI, n), dtype),
+                   psi=jnp.ones((cap_h, NPHI), dtype),
+                   k_used=jnp.ones((cap_h,), jnp.int32), count=jnp.zeros((), jnp.int32))
 
     @staticmethod
     def _node(s: State):
@@ -695,16 +708,22 @@ class StepRecorder(eqx.Module):
                                    yp=self.yp.at[0].set(yp0))
 
     def record(self, s: State, passed) -> "StepRecorder":
-        i = jnp.minimum(self.count, self.phi.shape[0] - 1)
+        i = jnp.minimum(self.count, self.t.shape[0] - 2)
         y, yp = self._node(s)
         t_, y_, yp_ = _write_slot((self.t, self.y, self.yp), i + 1, (s.t, y, yp), passed)
-        phi, psi, k = _write_slot((self.phi, self.psi, self.k_used), i,
-                                  (s.phi, s.psi, s.k_used), passed)
-        return dataclasses.replace(self, t=t_, y=y_, yp=yp_, phi=phi, psi=psi, k_used=k,
-                                   count=self.count + passed.astype(jnp.int32))
+        new = dataclasses.replace(self, t=t_, y=y_, yp=yp_,
+                                  count=self.count + passed.astype(jnp.int32))
+        if not self.hermite:
+            phi, psi, k = _write_slot((self.phi, self.psi, self.k_used), i,
+                                      (s.phi, s.psi, s.k_used), passed)
+            new = dataclasses.replace(new, phi=phi, psi=psi, k_used=k)
+        return new
 
     def overflowed(self):
-        return self.count > self.phi.shape[0]
+        return self.count > self.t.shape[0] - 1
+
+    def due(self, s: State, passed) -> Bool[Array, ""]:
+        return passed
 
     def evaluate(self, t):
         """y(t), y'(t) on the step [t_{i-1}, t_i] that contains t."""
@@ -722,6 +741,92 @@ class StepRecorder(eqx.Module):
         y = h00 * ya + h10 * ma + h01 * yb + h11 * mb
         yp = (d00 * ya + d10 * ma + d01 * yb + d11 * mb) / h
         return y, yp
+
+
+def segment_capacity(every: int) -> int:
+    """Step slots of a segment buffer for checkpoints `every` steps apart. A replay
+    repeats the original steps bit for bit, so a segment has at most `every`; the
+    margin is a guard (a replay that overflowed would report the adjoint as failed)."""
+    return every + 8
+
+
+class SegmentRecorder(eqx.Module):
+    """The steps of the checkpoint segment in progress, kept by the recording forward
+    run: at the end they are the last segment, the first one the backward pass needs,
+    which then starts without replaying it (IDAS keeps the last check-point interval's
+    data the same way). Segment c holds steps cN+1 … (c+1)N, N = `every`, and starts at
+    node cN (checkpoint c).
+
+    A ring of N + 1 rows: the node after step m (as `StepRecorder` records it) goes to
+    row m mod (N + 1), one row write per step and never a read of another row, so XLA
+    updates the ring in place inside the step loop (writing a segment's node 0 into the
+    step buffer's row 0 as well cost two whole copies of the buffer per step).
+    `buffer()` unrolls it into the `StepRecorder` the backward pass reads."""
+
+    every: int = eqx.field(static=True)
+    hermite: bool = eqx.field(static=True)
+    t: Float[Array, " N+1"]
+    y: Float[Array, "N+1 n"]
+    yp: Float[Array, "N+1 n"]
+    phi: Float[Array, "N+1 6 n"]       # the BDF history of the step ending at the node
+    psi: Float[Array, "N+1 6"]         # (`hermite=False` only; else no rows)
+    k_used: Int[Array, " N+1"]
+    steps: Int[Array, ""]              # accepted steps so far
+
+    per_step = True
+
+    @classmethod
+    def create(cls, state: State, yp0, every: int, hermite: bool):
+        n, dtype = state.phi.shape[1], state.phi.dtype
+        rows, rows_h = every + 1, 0 if hermite else every + 1
+        return cls(every=every, hermite=hermite,
+                   t=jnp.full((rows,), jnp.inf, dtype).at[0].set(state.t),
+                   y=jnp.zeros((rows, n), dtype).at[0].set(state.phi[0]),
+                   yp=jnp.zeros((rows, n), dtype).at[0].set(yp0),
+                   phi=jnp.zeros((rows_h, NPHI, n), dtype), psi=jnp.ones((rows_h, NPHI), dtype),
+                   k_used=jnp.ones((rows_h,), jnp.int32), steps=jnp.zeros((), jnp.int32))
+
+    @staticmethod
+    def pays(state: State) -> bool:
+        """Whether keeping the segment is cheaper than replaying it. Writing the ring in
+        the step loop puts that loop on XLA's thread pool (see `integrate`) unless the
+        step state alone already does (its history φ over ~512 bytes, n ≥ 11 in float64):
+        on Robertson (n = 3) the kept segment cost the recording forward run more than
+        the replay it saved (gradient 18.7 → 20.4–22 ms)."""
+        phi = state.phi
+        return phi.size * phi.dtype.itemsize > LOOP_BYTES
+
+    @property
+    def index(self) -> Int[Array, ""]:
+        """The segment the ring ends in (−1 before the first step)."""
+        return jnp.where(self.steps > 0, (self.steps - 1) // self.every, -1)
+
+    def record(self, s: State, passed) -> "SegmentRecorder":
+        row = s.stats["num_steps"] % (self.every + 1)      # counts this step if it passed
+        y, yp = StepRecorder._node(s)
+        t, y, yp = _write_slot((self.t, self.y, self.yp), row, (s.t, y, yp), passed)
+        new = dataclasses.replace(self, t=t, y=y, yp=yp,
+                                  steps=self.steps + passed.astype(jnp.int32))
+        if not self.hermite:
+            phi, psi, k = _write_slot((self.phi, self.psi, self.k_used), row,
+                                      (s.phi, s.psi, s.k_used), passed)
+            new = dataclasses.replace(new, phi=phi, psi=psi, k_used=k)
+        return new
+
+    def buffer(self, like: StepRecorder) -> StepRecorder:
+        """The last segment as a `StepRecorder` shaped as `like` (node j = step start +
+        j; the BDF history of step j in slot j − 1)."""
+        rows = self.every + 1
+        start = jnp.maximum(self.index, 0) * self.every
+        count = self.steps - start
+        j = jnp.arange(like.t.shape[0])
+        src = (start + j) % rows
+        t = jnp.where(j <= count, self.t[src], jnp.inf)
+        new = dataclasses.replace(like, t=t, y=self.y[src], yp=self.yp[src], count=count)
+        if not self.hermite:
+            new = dataclasses.replace(new, phi=self.phi[src[1:]], psi=self.psi[src[1:]],
+                                      k_used=self.k_used[src[1:]])
+        return new
 
 
 class StepLog(eqx.Module):
