@@ -303,193 +303,247 @@ def replay_segment(problem_fwd: Problem, ck, c, n_ck, t_next, tstop, yp0, buf0, 
     return rec, ok
 
 
-def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
-    """The backward pass for k cotangent directions at once (they share the backward
-    steps and the factorizations, as forward sensitivities share the forward ones):
-    `ct` = (ȳd (k, n_save, order+1, n), q̄s (k, n_save, nq)). Returns (Tangents with a
-    leading axis k, restricted to `wanted`, result)."""
-    from ._autodiff import _restrict   # the Tangents helpers live with the primitives
-    from ._core import Tangents, build_problem
+class _Backward(eqx.Module):
+    """What the pieces of the backward pass share: the adjoint DAE (A) for k cotangent
+    directions (its terms, linear solver and tolerances) and the point observations
+    (times `ts`, ascending, and their cotangents, rows = directions)."""
 
-    # Output rows and event roots as point observations, sorted by time.
-    ts, yd_bar, qbar, p_events = observations(config, inputs, rec, ct)
-    k = yd_bar.shape[0]
-    ybar, ypbar = yd_bar[:, :, 0], yd_bar[:, :, 1]
-    y0, yp0 = rec.y0, rec.yp0
-    dtype, n = y0.dtype, y0.shape[0]
-    t0, tstop = inputs.t0, inputs.tstop
-    a = inputs.algebraic
-    n_save, nq = ts.shape[0], qbar.shape[2]
-    problem_fwd = build_problem(config, dataclasses.replace(inputs, y0=y0, yp0=yp0))
-    pd, pst = eqx.partition(inputs.args, eqx.is_inexact_array)
-    p, unravel = ravel_pytree(pd)
-    terms = _Terms(residual=config.residual, quadrature=config.quadrature, static=pst,
-                   unravel=unravel, npar=p.shape[0])
-    npar = terms.npar
-    solver = config.linear_solver
+    adjoint: Adjoint
+    terms: _Terms
+    solver: AbstractLinearSolver
+    p: jax.Array                 # the differentiated args, flattened
+    algebraic: jax.Array
+    ts: jax.Array
+    ybar: jax.Array              # (k, n_save, n)
+    ypbar: jax.Array
+    qbar: jax.Array              # (k, n_save, nq)
+    rtol: jax.Array
+    atol: jax.Array
+    n: int = eqx.field(static=True)
+    k: int = eqx.field(static=True)
 
-    adj_rtol = jnp.asarray(inputs.rtol if adjoint.rtol is None else adjoint.rtol, dtype)
-    adj_atol = jnp.asarray(jnp.max(inputs.atol) if adjoint.atol is None else adjoint.atol, dtype)
-
-    def problem(buf, w, t_r, t_stop):
+    def problem(self, buf, w, t_r, t_stop) -> Problem:
         """(A) in s = t_r − t, integrated from the restart time t_r down to t_stop."""
-        return adjoint_problem(terms, solver, n, k, a, buf, w, p, adj_rtol, adj_atol,
-                               adjoint.quad_error_control, t_r - t_stop, dtype, t_r)
+        return adjoint_problem(self.terms, self.solver, self.n, self.k, self.algebraic, buf,
+                               w, self.p, self.rtol, self.atol, self.adjoint.quad_error_control,
+                               t_r - t_stop, self.rtol.dtype, t_r)
 
-    # --- buffers and initial carry --------------------------------------------------
-    every = adjoint.checkpoint_every
-    ck_states = rec.checkpoints.states
-    n_ck = rec.checkpoints.count
-    ck_cap = ck_states.t.shape[0]
-    max_fwd = config.max_steps
-    max_adj = adjoint.max_steps or config.max_steps
-    empty_adj = _empty_outputs(dtype, 2 * n * k, npar * k)
-    capacity = segment_capacity(every)
-    buf0 = StepRecorder.create(capacity, n, dtype, hermite=adjoint.interpolation == "hermite",
-                               per_step=False)
-    w0 = jnp.zeros((k, nq), dtype)
-    Z0 = jnp.zeros((2 * n * k,), dtype)
-    adj0 = initial_state(problem(buf0, w0, ts[-1], jnp.asarray(-jnp.inf, dtype)), jnp.zeros((), dtype), Z0, Z0,
-                         jnp.ones((), dtype))
+    def mu(self, adj):
+        return adj.phi[0].reshape(self.k, 2 * self.n)[:, :self.n]
 
-    def mu_of(adj):
-        return adj.phi[0].reshape(k, 2 * n)[:, :n]
+    def observed_at(self, idx, t):
+        """Sum the cotangents of all outputs at time t (rows idx, idx − 1, ...):
+        (index of the next earlier row, ȳ, ȳ', q̄)."""
+        ts = self.ts
 
-    def obs_sum(idx, t):
-        """Sum the cotangents of all outputs at time t (rows idx, idx−1, ...)."""
         def cond(c):
             i = c[0]
             return (i >= 0) & (ts[jnp.maximum(i, 0)] >= t)
 
         def body(c):
             i, yb, ypb, qb = c
-            return i - 1, yb + ybar[:, i], ypb + ypbar[:, i], qb + qbar[:, i]
+            return i - 1, yb + self.ybar[:, i], ypb + self.ypbar[:, i], qb + self.qbar[:, i]
 
-        z = jnp.zeros((k, n), dtype)
-        return jax.lax.while_loop(cond, body, (idx, z, z, jnp.zeros((k, nq), dtype)))
+        dtype = self.rtol.dtype
+        z = jnp.zeros((self.k, self.n), dtype)
+        qz = jnp.zeros((self.k, self.qbar.shape[2]), dtype)
+        return jax.lax.while_loop(cond, body, (idx, z, z, qz))
 
-    def next_time(k_, obs):
-        return jnp.maximum(k_["t_low"], jnp.where(obs >= 0, ts[jnp.maximum(obs, 0)], -jnp.inf))
+    def next_time(self, t_low, obs):
+        """Where the integration of (A) stops next: the next earlier observation or the
+        segment's start."""
+        return jnp.maximum(t_low, jnp.where(obs >= 0, self.ts[jnp.maximum(obs, 0)], -jnp.inf))
 
-    def observe(c):
-        """At an observation (or the first time): jump μ, add the quadrature weights,
-        bank the parameter gradient and restart (A) from consistent values."""
-        obs, yb, ypb, qb = obs_sum(c["obs"], c["t_cur"])
-        jumps = jnp.any(yb != 0) | jnp.any(ypb != 0) | jnp.any(qb != 0) | ~c["started"]
-        adj_old = c["adj"]
 
-        def do_restart():
-            mu = jnp.where(c["started"], mu_of(adj_old), 0.0)
-            banked = jnp.where(c["started"], adj_old.phiq[0].reshape(k, npar), 0.0)
-            w = c["w"] + qb
-            y, yp = c["buf"].evaluate(c["t_cur"])
-            mu, p_jump = jump(terms, solver, a, c["t_cur"], y, yp, mu, yb, ypb, p)
-            Z, Zs = restart_values(terms, solver, a, c["t_cur"], mu, w, c["buf"], p)
-            t_r = c["t_cur"]                       # s = t_r − t restarts at 0
-            prob = problem(c["buf"], w, t_r, next_time(c, obs))
-            s0 = jnp.zeros((), dtype)
-            qp = prob.quad(s0, Z, Zs)
-            h0 = initial_step(prob, s0, Z, Zs, qp, t_r - next_time(c, obs))
-            fresh = initial_state(prob, s0, Z, Zs, h0)
-            steps = c["adj_steps"] + jnp.where(c["started"], adj_old.stats["num_steps"], 0)
-            new = (fresh, w, c["pbar"] + banked + p_jump, steps, t_r)
-            return tree_where(jumps, new, (adj_old, c["w"], c["pbar"], c["adj_steps"], c["t_r"]))
+# The backward pass's carry (a dict): c (segment index), t_cur (time reached), obs (next
+# observation row), adj (the BDF state of (A)), w (quadrature weights), pbar (parameter
+# gradient banked at restarts), buf (the current segment's steps), started, ok,
+# adj_steps (steps of (A) before the latest restart), t_r (the restart time of s).
 
-        adj, w, pbar, steps, t_r = jax.lax.cond(
-            eqxi.unvmap_any(jumps), do_restart,
-            lambda: (adj_old, c["w"], c["pbar"], c["adj_steps"], c["t_r"]))
-        return dict(c, obs=obs, adj=adj, w=w, pbar=pbar, adj_steps=steps, t_r=t_r)
 
-    def rebase(c):
-        """Once t is nearer to 0 than to the restart time t_r, continue in s = −t: the
-        forward solution's own fast transients (near t0, e.g. Robertson's) are resolvable
-        in absolute time but not in s = t_r − t when t_r ≫ t. Only s and the setup point
-        move: the BDF history is in step sizes."""
-        t_r = c["t_r"]
-        d = jnp.where(jnp.abs(c["t_cur"]) < t_r - c["t_cur"], -t_r, 0.0).astype(dtype)
-        adj = c["adj"]
-        adj = eqx.tree_at(lambda a: (a.t, a.jac_point[0]), adj,
-                          (adj.t + d, adj.jac_point[0] + d))
-        return dict(c, adj=adj, t_r=t_r + d)
+def observe(bw: _Backward, c: dict) -> dict:
+    """At an observation (or the first time): jump μ (module docstring), add the
+    quadrature weights, bank the parameter gradient and restart (A) from consistent
+    values."""
+    k, npar, dtype = bw.k, bw.terms.npar, bw.rtol.dtype
+    obs, yb, ypb, qb = bw.observed_at(c["obs"], c["t_cur"])
+    jumps = jnp.any(yb != 0) | jnp.any(ypb != 0) | jnp.any(qb != 0) | ~c["started"]
+    adj_old = c["adj"]
+    old = (adj_old, c["w"], c["pbar"], c["adj_steps"], c["t_r"])
 
-    def inner_cond(c):
+    def do_restart():
+        t = c["t_cur"]
+        mu = jnp.where(c["started"], bw.mu(adj_old), 0.0)
+        banked = jnp.where(c["started"], adj_old.phiq[0].reshape(k, npar), 0.0)
+        w = c["w"] + qb
+        y, yp = c["buf"].evaluate(t)
+        mu, p_jump = jump(bw.terms, bw.solver, bw.algebraic, t, y, yp, mu, yb, ypb, bw.p)
+        Z, Zs = restart_values(bw.terms, bw.solver, bw.algebraic, t, mu, w, c["buf"], bw.p)
+        t_next = bw.next_time(c["t_low"], obs)
+        prob = bw.problem(c["buf"], w, t, t_next)        # s = t_r − t restarts at 0
+        s0 = jnp.zeros((), dtype)
+        h0 = initial_step(prob, s0, Z, Zs, prob.quad(s0, Z, Zs), t - t_next)
+        fresh = initial_state(prob, s0, Z, Zs, h0)
+        steps = c["adj_steps"] + jnp.where(c["started"], adj_old.stats["num_steps"], 0)
+        new = (fresh, w, c["pbar"] + banked + p_jump, steps, t)
+        return tree_where(jumps, new, old)
+
+    adj, w, pbar, steps, t_r = jax.lax.cond(eqxi.unvmap_any(jumps), do_restart, lambda: old)
+    return dict(c, obs=obs, adj=adj, w=w, pbar=pbar, adj_steps=steps, t_r=t_r)
+
+
+def rebase(c: dict) -> dict:
+    """Once t is nearer to 0 than to the restart time t_r, continue in s = −t: the
+    forward solution's own fast transients (near t0, e.g. Robertson's) are resolvable in
+    absolute time but not in s = t_r − t when t_r ≫ t. Only s and the setup point move:
+    the BDF history is in step sizes."""
+    t_r, adj = c["t_r"], c["adj"]
+    d = jnp.where(jnp.abs(c["t_cur"]) < t_r - c["t_cur"], -t_r, 0.0).astype(adj.t.dtype)
+    adj = eqx.tree_at(lambda a: (a.t, a.jac_point[0]), adj, (adj.t + d, adj.jac_point[0] + d))
+    return dict(c, adj=adj, t_r=t_r + d)
+
+
+def integrate_segment(bw: _Backward, c: dict, max_steps: int) -> dict:
+    """Integrate (A) backward over the current segment (down to c["t_low"]), stopping
+    at each observation in it to jump and restart."""
+    empty = _empty_outputs(bw.rtol.dtype, 2 * bw.n * bw.k, bw.terms.npar * bw.k)
+
+    def cond(c):
         return (c["t_cur"] > c["t_low"]) & c["ok"]
 
-    def inner_body(c):
-        c = rebase(observe(c))
-        t_next = next_time(c, c["obs"])
+    def body(c):
+        c = rebase(observe(bw, c))
+        t_next = bw.next_time(c["t_low"], c["obs"])
         t_r = c["t_r"]
-        adj, _, _, _ = integrate(problem(c["buf"], c["w"], t_r, t_next), c["adj"], empty_adj,
-                                 t_r - t_next, max_adj)
+        adj, _, _, _ = integrate(bw.problem(c["buf"], c["w"], t_r, t_next), c["adj"], empty,
+                                 t_r - t_next, max_steps)
         ok = adj.result == RESULTS.successful
         return dict(c, adj=adj, started=jnp.ones((), bool), t_cur=t_next, ok=c["ok"] & ok)
+
+    return jax.lax.while_loop(cond, body, c)
+
+
+def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: dict, i, tstop, yp0,
+                  max_steps: int):
+    """The steps of forward segment i (from checkpoint i): the ones the forward run kept
+    if it is its last segment, else replayed; the current buffer if the segment starts
+    at or after the time reached. Returns (buffer, replay ok, the segment's start)."""
+    cks = rec.checkpoints
+    n_ck, ck_cap = cks.count, cks.states.t.shape[0]
+    t_low = cks.states.t[i]
+    need = (t_low < c["t_cur"]) | (i == 0)
+    ck = jax.tree_util.tree_map(lambda x: x[i], cks.states)
+    # The last segment ends where the forward run did (t1, or the step holding a
+    # terminal event).
+    t_next = jnp.where(i + 1 >= n_ck, rec.t_final, cks.states.t[jnp.minimum(i + 1, ck_cap - 1)])
+    kept = (need & (i == rec.segment.index) if rec.segment is not None
+            else jnp.zeros((), bool))
+    replay = need & ~kept
+    buf, ok = jax.lax.cond(
+        eqxi.unvmap_any(replay),
+        lambda: replay_segment(problem_fwd, ck, i, n_ck, t_next, tstop, yp0, buf0, max_steps),
+        lambda: (c["buf"], jnp.ones((), bool)))
+    buf = tree_where(replay, buf, c["buf"])
+    if rec.segment is not None:
+        buf = jax.lax.cond(eqxi.unvmap_any(kept),
+                           lambda: tree_where(kept, rec.segment.buffer(buf0), buf),
+                           lambda: buf)
+    return buf, ok | ~replay, t_low
+
+
+def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
+    """The backward pass for k cotangent directions at once (they share the backward
+    steps and the factorizations, as forward sensitivities share the forward ones):
+    `ct` = (ȳd (k, n_save, order+1, n), q̄s (k, n_save, nq)). Segment by segment from the
+    last (`segment_steps`), (A) is integrated backward through the observations in it
+    (`integrate_segment`, `observe`); at t0 the initial-value cotangents follow
+    (`at_t0`). Returns (Tangents with a leading axis k, restricted to `wanted`, result)."""
+    from ._autodiff import _restrict   # the Tangents helpers live with the primitives
+    from ._core import build_problem
+
+    # Output rows and event roots as point observations, sorted by time.
+    ts, yd_bar, qbar, p_events = observations(config, inputs, rec, ct)
+    k = yd_bar.shape[0]
+    y0, yp0 = rec.y0, rec.yp0
+    dtype, n = y0.dtype, y0.shape[0]
+    problem_fwd = build_problem(config, dataclasses.replace(inputs, y0=y0, yp0=yp0))
+    pd, pst = eqx.partition(inputs.args, eqx.is_inexact_array)
+    p, unravel = ravel_pytree(pd)
+    terms = _Terms(residual=config.residual, quadrature=config.quadrature, static=pst,
+                   unravel=unravel, npar=p.shape[0])
+    bw = _Backward(
+        adjoint=adjoint, terms=terms, solver=config.linear_solver, p=p,
+        algebraic=inputs.algebraic, ts=ts, ybar=yd_bar[:, :, 0], ypbar=yd_bar[:, :, 1],
+        qbar=qbar, n=n, k=k,
+        rtol=jnp.asarray(inputs.rtol if adjoint.rtol is None else adjoint.rtol, dtype),
+        atol=jnp.asarray(jnp.max(inputs.atol) if adjoint.atol is None else adjoint.atol, dtype))
+
+    buf0 = StepRecorder.create(segment_capacity(adjoint.checkpoint_every), n, dtype,
+                               hermite=adjoint.interpolation == "hermite", per_step=False)
+    w0 = jnp.zeros((k, qbar.shape[2]), dtype)
+    Z0 = jnp.zeros((2 * n * k,), dtype)
+    adj0 = initial_state(bw.problem(buf0, w0, ts[-1], jnp.asarray(-jnp.inf, dtype)),
+                         jnp.zeros((), dtype), Z0, Z0, jnp.ones((), dtype))
+    max_adj = adjoint.max_steps or config.max_steps
 
     def outer_cond(c):
         return (c["c"] >= 0) & c["ok"]
 
     def outer_body(c):
         i = c["c"]
-        t_low = ck_states.t[i]
-        need = (t_low < c["t_cur"]) | (i == 0)
-        ck = jax.tree_util.tree_map(lambda x: x[i], ck_states)
-        # The last segment ends where the forward run did (t1, or the step holding a
-        # terminal event).
-        t_next = jnp.where(i + 1 >= n_ck, rec.t_final, ck_states.t[jnp.minimum(i + 1, ck_cap - 1)])
-        # The forward run kept the steps of its last segment: only earlier ones replay.
-        kept = (need & (i == rec.segment.index) if rec.segment is not None
-                else jnp.zeros((), bool))
-        replay = need & ~kept
-        buf, ok = jax.lax.cond(
-            eqxi.unvmap_any(replay),
-            lambda: replay_segment(problem_fwd, ck, i, n_ck, t_next, tstop, yp0, buf0, max_fwd),
-            lambda: (c["buf"], jnp.ones((), bool)))
-        buf = tree_where(replay, buf, c["buf"])
-        if rec.segment is not None:
-            buf = jax.lax.cond(eqxi.unvmap_any(kept),
-                               lambda: tree_where(kept, rec.segment.buffer(buf0), buf),
-                               lambda: buf)
-        c = dict(c, buf=buf, ok=c["ok"] & (ok | ~replay), t_low=t_low)
-        c = jax.lax.while_loop(inner_cond, inner_body, c)
+        buf, ok, t_low = segment_steps(problem_fwd, rec, buf0, c, i, inputs.tstop, yp0,
+                                       config.max_steps)
+        c = integrate_segment(bw, dict(c, buf=buf, ok=c["ok"] & ok, t_low=t_low), max_adj)
         del c["t_low"]
         return dict(c, c=i - 1)
 
     # A failed forward run has no trajectory to go back along: skip (its derivatives
     # are reported NaN by the caller), so one failed batch member costs nothing.
-    carry0 = dict(c=jnp.where(succeeded(rec.result), n_ck - 1, -1), t_cur=ts[-1], obs=jnp.asarray(n_save - 1, jnp.int32), adj=adj0,
-                  w=w0, pbar=jnp.zeros((k, npar), dtype), buf=buf0, started=jnp.zeros((), bool),
-                  ok=jnp.ones((), bool), adj_steps=jnp.zeros((), jnp.int32), t_r=ts[-1])
+    carry0 = dict(c=jnp.where(succeeded(rec.result), rec.checkpoints.count - 1, -1),
+                  t_cur=ts[-1], obs=jnp.asarray(ts.shape[0] - 1, jnp.int32), adj=adj0, w=w0,
+                  pbar=jnp.zeros((k, terms.npar), dtype), buf=buf0,
+                  started=jnp.zeros((), bool), ok=jnp.ones((), bool),
+                  adj_steps=jnp.zeros((), jnp.int32), t_r=ts[-1])
     c = jax.lax.while_loop(outer_cond, outer_body, carry0)
 
-    # --- at t0: observations there, then the initial-value cotangents ----------------
-    buf, adj = c["buf"], c["adj"]
-    mu = jnp.where(c["started"], mu_of(adj), 0.0)
+    out = at_t0(bw, config, inputs, c, unravel, pd, p_events)
+    # Cotangents the continuous adjoint cannot take: on y' of algebraic components and
+    # on higher derivatives of the dense output (third-order derivatives through
+    # saveat). They are exactly zero unless such a derivative is asked for.
+    unsupported = (jnp.any(jnp.where(inputs.algebraic, bw.ypbar, 0.0) != 0)
+                   | jnp.any(yd_bar[:, :, 2:] != 0))
+    result = RESULTS.where(~c["ok"], RESULTS.adjoint_failed,
+                           RESULTS.where(unsupported, RESULTS.unsupported_cotangent,
+                                         RESULTS.successful))
+    return _restrict(out, wanted), result
+
+
+def at_t0(bw: _Backward, config, inputs, c: dict, unravel, pd, p_events):
+    """At t0: the observations there, then the initial-value cotangents (`init`
+    semantics) and the one of t0; the parameter gradient with everything banked."""
+    from ._core import Tangents
+
+    k, npar, a, t0 = bw.k, bw.terms.npar, bw.algebraic, inputs.t0
+    adj = c["adj"]
+    mu = jnp.where(c["started"], bw.mu(adj), 0.0)
     pbar = c["pbar"] + jnp.where(c["started"], adj.phiq[0].reshape(k, npar), 0.0)
-    _, yb, ypb, qb = obs_sum(c["obs"], t0)
-    y_t0, yp_t0 = buf.evaluate(t0)
-    mu, p_jump = jump(terms, solver, a, t0, y_t0, yp_t0, mu, yb, ypb, p)
+    _, yb, ypb, qb = bw.observed_at(c["obs"], t0)
+    y_t0, yp_t0 = c["buf"].evaluate(t0)
+    mu, p_jump = jump(bw.terms, bw.solver, a, t0, y_t0, yp_t0, mu, yb, ypb, bw.p)
     pbar = pbar + p_jump
     w = c["w"] + qb
-    ybar0, ypbar0, pbar = initial_value_cotangents(config, terms, solver, a, t0, y_t0, yp_t0,
-                                                   mu, pbar, p)
+    ybar0, ypbar0, pbar = initial_value_cotangents(config, bw.terms, bw.solver, a, t0, y_t0,
+                                                   yp_t0, mu, pbar, bw.p)
     # Moving t0 with the given initial values fixed shifts the trajectory; ∫_{t0} q
     # loses q(t0).
     t0bar = -(jnp.where(a, 0.0, mu) @ yp_t0)
     if config.quadrature is not None:
         t0bar = t0bar - w @ config.quadrature(t0, y_t0, yp_t0, inputs.args)
-
-    # Cotangents the continuous adjoint cannot take: on y' of algebraic components and
-    # on higher derivatives of the dense output (third-order derivatives through
-    # saveat). They are exactly zero unless such a derivative is asked for.
-    unsupported = (jnp.any(jnp.where(a, ypbar, 0.0) != 0) | jnp.any(yd_bar[:, :, 2:] != 0))
-    result = RESULTS.where(~c["ok"], RESULTS.adjoint_failed,
-                           RESULTS.where(unsupported, RESULTS.unsupported_cotangent,
-                                         RESULTS.successful))
     args_bar = jax.vmap(unravel)(pbar) if npar else jax.tree_util.tree_map(
         lambda x: jnp.zeros((k,) + x.shape, x.dtype), pd)
     if p_events is not None:
         args_bar = jax.tree_util.tree_map(jnp.add, args_bar, p_events)
-    out = Tangents(t0=t0bar, y0=ybar0, yp0=ypbar0, args=args_bar)
-    return _restrict(out, wanted), result
+    return Tangents(t0=t0bar, y0=ybar0, yp0=ypbar0, args=args_bar)
 
 
 def initial_value_cotangents(config, terms, solver, a, t0, y, yp, mu, pbar, p):
