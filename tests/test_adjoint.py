@@ -329,3 +329,49 @@ def test_init_y_gradient_semantics():
     assert abs(float(g_c) + np.exp(-1.0)) <= 100 * rtol
     assert abs(float(g_p) - 1.0) <= 100 * rtol
     assert np.all(np.asarray(g_y0) == 0.0)
+
+
+# ------------------------------------------------------------- the kept last segment
+def _chain(t, y, yp, p):
+    """12 unknowns (enough for the forward run to keep its last segment, see
+    `SegmentRecorder.pays`): a damped chain y'_i = p0 (y_{i−1} − y_i) − p1 y_i, y_0' =
+    −p1 y_0, and an algebraic y_11 = Σ_{i<11} y_i² (index 1)."""
+    d = yp[:11] + p[1] * y[:11] - p[0] * jnp.concatenate([jnp.zeros(1), y[:10] - y[1:11]])
+    return jnp.concatenate([d, (y[11] - jnp.sum(y[:11] ** 2))[None]])
+
+
+def _chain_loss(p, interpolation):
+    y0 = jnp.concatenate([jnp.linspace(1.0, 0.5, 11), jnp.zeros(1)])
+    sol = dae.solve(_chain, 0.0, 5.0, y0, jnp.zeros(12), p, init="ya_ydp",
+                    algebraic=jnp.arange(12) == 11, saveat=jnp.array([0.7, 2.0, 5.0]),
+                    event=dae.Event(lambda t, y, yp, p: y[11] - 2.0, direction=-1),
+                    sensitivity=dae.Adjoint(checkpoint_every=4, interpolation=interpolation),
+                    rtol=1e-6, atol=1e-8)
+    rows = jnp.where(jnp.isfinite(sol.ys), sol.ys, 0.0)
+    return jnp.sum(rows[:, [0, 5, 11]]) + sol.event_ts[0]
+
+
+@pytest.mark.parametrize("interpolation", ["hermite", "bdf"])
+def test_kept_last_segment_equals_its_replay(interpolation, monkeypatch):
+    """The forward run keeps its last checkpoint segment for the backward pass instead
+    of having it replayed; the replay repeats the original steps bit for bit, so the
+    gradient must be *identical* with the kept segment and with the replay. Here with
+    several segments (checkpoint_every=4), a terminal event in the last one, outputs
+    and an algebraic component. The jaxprs differ by the kept ring (checkpoint_every + 1
+    rows of 12), which proves both paths ran."""
+    from daeadjoint._integrator import SegmentRecorder
+
+    p = jnp.array([0.9, 0.2])
+    grad = jax.jit(jax.grad(_chain_loss), static_argnums=1)
+
+    def run():
+        jax.clear_caches()      # trace anew: `pays` is consulted while tracing
+        return (np.asarray(grad(p, interpolation)),
+                str(jax.make_jaxpr(jax.grad(_chain_loss), static_argnums=1)(p, interpolation)))
+
+    g_kept, jaxpr_kept = run()
+    monkeypatch.setattr(SegmentRecorder, "pays", staticmethod(lambda state: False))
+    g_replayed, jaxpr_replayed = run()
+    assert "f64[5,12]" in jaxpr_kept and "f64[5,12]" not in jaxpr_replayed
+    assert np.all(np.isfinite(g_kept)) and np.any(g_kept != 0)
+    np.testing.assert_array_equal(g_kept, g_replayed)
