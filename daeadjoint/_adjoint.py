@@ -60,7 +60,7 @@ from ._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder,
                           initial_state, initial_step, integrate, restore_linear_state,
                           segment_capacity)
 from ._linear_solver import AbstractLinearSolver
-from ._newton import tree_where
+from ._newton import maybe_update, tree_where
 from ._events import observations
 from ._results import RESULTS, succeeded
 
@@ -288,8 +288,8 @@ def replay_segment(problem_fwd: Problem, ck, c, n_ck, t_next, tstop, yp0, buf0, 
     """Replay forward segment c from its checkpoint `ck` to t_next, recording every step
     (node values for the interpolant, and the BDF histories). The factorization is
     rebuilt at the checkpoint's stored setup point, so the replay repeats the original
-    steps bit for bit. (The checkpoint is sliced outside any `cond`: the whole checkpoint
-    buffer is never a branch operand, which XLA would copy.)"""
+    steps bit for bit. (The checkpoint is sliced outside any branch or loop: the whole
+    checkpoint buffer is never an operand there, which XLA would copy.)"""
     last = c + 1 >= n_ck
     prob = dataclasses.replace(problem_fwd, tstop=jnp.where(last, tstop, t_next))
     st = restore_linear_state(prob, ck)
@@ -439,15 +439,13 @@ def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: dict, i, tst
     kept = (need & (i == rec.segment.index) if rec.segment is not None
             else jnp.zeros((), bool))
     replay = need & ~kept
-    buf, ok = jax.lax.cond(
-        eqxi.unvmap_any(replay),
+    # One-trip loops, not conds: a cond returning the current buffer would copy it.
+    buf, ok = maybe_update(
+        replay,
         lambda: replay_segment(problem_fwd, ck, i, n_ck, t_next, tstop, yp0, buf0, max_steps),
-        lambda: (c["buf"], jnp.ones((), bool)))
-    buf = tree_where(replay, buf, c["buf"])
+        (c["buf"], jnp.ones((), bool)))
     if rec.segment is not None:
-        buf = jax.lax.cond(eqxi.unvmap_any(kept),
-                           lambda: tree_where(kept, rec.segment.buffer(buf0), buf),
-                           lambda: buf)
+        buf = maybe_update(kept, lambda: rec.segment.buffer(buf0), buf)
     return buf, ok | ~replay, t_low
 
 

@@ -709,15 +709,8 @@ class StepRecorder(eqx.Module):
 
     def record(self, s: State, passed) -> "StepRecorder":
         i = jnp.minimum(self.count, self.t.shape[0] - 2)
-        y, yp = self._node(s)
-        t_, y_, yp_ = _write_slot((self.t, self.y, self.yp), i + 1, (s.t, y, yp), passed)
-        new = dataclasses.replace(self, t=t_, y=y_, yp=yp_,
-                                  count=self.count + passed.astype(jnp.int32))
-        if not self.hermite:
-            phi, psi, k = _write_slot((self.phi, self.psi, self.k_used), i,
-                                      (s.phi, s.psi, s.k_used), passed)
-            new = dataclasses.replace(new, phi=phi, psi=psi, k_used=k)
-        return new
+        new = _write_step(self, i + 1, i, s, passed)
+        return dataclasses.replace(new, count=self.count + passed.astype(jnp.int32))
 
     def overflowed(self):
         return self.count > self.t.shape[0] - 1
@@ -741,6 +734,21 @@ class StepRecorder(eqx.Module):
         y = h00 * ya + h10 * ma + h01 * yb + h11 * mb
         yp = (d00 * ya + d10 * ma + d01 * yb + d11 * mb) / h
         return y, yp
+
+
+def _write_step(rec, node_row, history_row, s: State, passed):
+    """Write the node after an accepted step (t, y, y' of the BDF interpolant) into row
+    `node_row` of a step buffer (`StepRecorder`, `SegmentRecorder`) and, for
+    `hermite=False`, the step's history (φ, ψ, k) into `history_row`: one row write per
+    array, which XLA does in place inside the step loop."""
+    y, yp = StepRecorder._node(s)
+    t, y, yp = _write_slot((rec.t, rec.y, rec.yp), node_row, (s.t, y, yp), passed)
+    new = dataclasses.replace(rec, t=t, y=y, yp=yp)
+    if not rec.hermite:
+        phi, psi, k = _write_slot((rec.phi, rec.psi, rec.k_used), history_row,
+                                  (s.phi, s.psi, s.k_used), passed)
+        new = dataclasses.replace(new, phi=phi, psi=psi, k_used=k)
+    return new
 
 
 def segment_capacity(every: int) -> int:
@@ -803,15 +811,8 @@ class SegmentRecorder(eqx.Module):
 
     def record(self, s: State, passed) -> "SegmentRecorder":
         row = s.stats["num_steps"] % (self.every + 1)      # counts this step if it passed
-        y, yp = StepRecorder._node(s)
-        t, y, yp = _write_slot((self.t, self.y, self.yp), row, (s.t, y, yp), passed)
-        new = dataclasses.replace(self, t=t, y=y, yp=yp,
-                                  steps=self.steps + passed.astype(jnp.int32))
-        if not self.hermite:
-            phi, psi, k = _write_slot((self.phi, self.psi, self.k_used), row,
-                                      (s.phi, s.psi, s.k_used), passed)
-            new = dataclasses.replace(new, phi=phi, psi=psi, k_used=k)
-        return new
+        new = _write_step(self, row, row, s, passed)
+        return dataclasses.replace(new, steps=self.steps + passed.astype(jnp.int32))
 
     def buffer(self, like: StepRecorder) -> StepRecorder:
         """The last segment as a `StepRecorder` shaped as `like` (node j = step start +
