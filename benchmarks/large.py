@@ -14,8 +14,10 @@ Table 1, per M: forward wall time (g) and gradient wall time (∇g w.r.t. p1, p2
     compiling the adjoint's C code at M = 40 took gcc > 5 min and 16 GB),
   - IDA through scikit-sundae, banded (lband = uband = M + 2; forward only: it has no
     adjoint),
-  - daeadjoint with BandedLU(M+2, M+2), SparseLU() (RCM + banded, pure JAX),
-    SparseLU(backend="klu") and the default (linear_solver=None),
+  - daeadjoint with BandedLU(M+2, M+2), SparseLU() (RCM + band LU; on one CPU device
+    LAPACK's gbtrf through a host callback), SparseLU(kernel="jax") (the pure-JAX band
+    kernel used on GPUs and with several devices), SparseLU(backend="klu") and the
+    default (linear_solver=None),
 with ratios to IDAS (casadi) and gradient ÷ forward. Median of `repeats` warm runs after
 one compile/warm-up call, solvers timed in interleaved rounds. Memory: XLA's compiled
 temp + output bytes of the jitted function (`memory_analysis()`), for daeadjoint.
@@ -202,7 +204,9 @@ def interleaved(fns: dict, arg, repeats: int) -> dict:
 
 
 def solvers_for(M: int, with_dense: bool):
-    out = {"BandedLU": dae.BandedLU(M + 2, M + 2), "SparseLU": dae.SparseLU()}
+    out = {"BandedLU": dae.BandedLU(M + 2, M + 2), "SparseLU": dae.SparseLU(),
+           # the pure-JAX band kernel (GPUs, several devices) on the CPU, for comparison
+           "SparseLU jax": dae.SparseLU(kernel="jax")}
     try:
         import klujax  # noqa: F401
         out["SparseLU klu"] = dae.SparseLU(backend="klu")

@@ -4,11 +4,12 @@ J = F_y + cj F_y' is assembled from its sparsity pattern (detected from the resi
 program, or given) by one vmapped `jax.jvp` per column colour (`_jacobian`), never as an
 n×n array, and factorized by one of two backends:
 
-- `"banded"` (default; pure JAX, any device, jit/vmap): the reverse Cuthill–McKee
-  ordering of the symmetrized pattern (scipy, once, at trace time) permutes J to a
-  narrow band, P J Pᵀ, which `_banded`'s block GEPP factorizes in O(n·b) memory, b the
-  permuted bandwidth. Right for 1-D chains, meshes of modest width, networks that RCM
-  orders well. Singular matrices are reported as `DenseLU` does (relative pivot test).
+- `"banded"` (default; jit/vmap, any device): the reverse Cuthill–McKee ordering of the
+  symmetrized pattern (scipy, once, at trace time) permutes J to a narrow band, P J Pᵀ,
+  which `_banded`'s band LU factorizes in O(n·b) memory, b the permuted bandwidth —
+  LAPACK's gbtrf through a host callback on CPUs, block GEPP in pure JAX elsewhere
+  (`kernel=`). Right for 1-D chains, meshes of modest width, networks that RCM orders
+  well. Singular matrices are reported as `DenseLU` does (relative pivot test).
 - `"klu"`: KLU (Davis & Palamadai Natarajan; the sparse direct solver of IDAS's
   SUNLinSol_KLU and PyBaMM's IDAKLU) through `klujax`, CPU only (`_klu`). The symbolic
   analysis (BTF + AMD ordering) is done once per pattern. Each solve refactorizes from
@@ -34,8 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool
 
-from ._banded import (block_layout, blocks_singular, factor_blocks, solve_blocks,
-                      solve_blocks_transposed, to_blocks)
+from ._banded import KERNELS, band_singular, factor_band, resolve_kernel, solve_band
 from ._jacobian import (Sparsity, assemble, check_pattern, colour_columns,
                         compressed_jacobian, detect_sparsity, pattern_mismatch, seeds)
 from ._klu import klu_singular, klu_solve, klujax as _klujax
@@ -47,8 +47,8 @@ from ._linear_solver import AbstractLinearSolver, DenseLU
 
 class _Plan:
     """Everything static about factorizing matrices of one pattern: the colouring and
-    the seeds of the compressed Jacobian, the RCM permutation and the band layout (or the
-    KLU symbolic analysis). Built once per pattern (cached)."""
+    the seeds of the compressed Jacobian, the RCM permutation and the permuted pattern
+    (or the KLU symbolic analysis). Built once per pattern (cached)."""
 
     def __init__(self, sparsity: Sparsity, backend: str):
         self.sparsity = sparsity
@@ -57,11 +57,12 @@ class _Plan:
         if backend == "banded":
             # RCM narrows scattered patterns; a pattern already banded in its own
             # ordering (a grid numbered row by row) can be narrower as it is: keep the
-            # ordering with the smaller block bandwidth (the natural one on a tie).
+            # ordering with the smaller bandwidth (the natural one on a tie).
             orders = (np.arange(sparsity.n, dtype=np.int64), reverse_cuthill_mckee(sparsity))
-            self.perm = min(orders, key=lambda p: block_layout(sparsity.permuted(p)).b)
+            self.perm = min(orders, key=lambda p: bandwidth(sparsity.permuted(p)))
             self.inverse = np.argsort(self.perm)
-            self.layout = block_layout(sparsity.permuted(self.perm))
+            self.permuted = sparsity.permuted(self.perm)
+            self.bandwidth = bandwidth(self.permuted)
             # `values` are in `sparsity`'s (row-major) order; the permuted pattern sorts
             # them differently, so gather them into its order once.
             permuted = self.inverse[sparsity.rows].astype(np.int64) * sparsity.n \
@@ -84,6 +85,10 @@ def _plan(sparsity: Sparsity, backend: str) -> _Plan:
     # The cache also keeps the KLU symbolic object (and so the C++ memory its handle in
     # compiled programs points to) alive.
     return _Plan(sparsity, backend)
+
+
+def bandwidth(sparsity: Sparsity) -> int:
+    return max(sparsity.lower, sparsity.upper)
 
 
 def reverse_cuthill_mckee(sparsity: Sparsity) -> np.ndarray:
@@ -112,9 +117,11 @@ class SparseLU(AbstractLinearSolver):
       `Sparsity(rows, cols, n)`). Default None: detected from the residual's program by
       `solve` (once per residual and shapes); a residual the detector cannot analyse
       raises `SparsityDetectionError` asking for the pattern.
-    - `backend`: `"banded"` (default: reverse Cuthill–McKee to a band, then pure-JAX
-      block LU with partial pivoting — jit, vmap, CPU and GPU) or `"klu"` (KLU through
-      klujax, CPU; see `daeadjoint._sparse`).
+    - `backend`: `"banded"` (default: reverse Cuthill–McKee to a band, then band LU with
+      partial pivoting — jit, vmap, CPU and GPU) or `"klu"` (KLU through klujax, CPU; see
+      `daeadjoint._sparse`).
+    - `kernel`: the band LU's kernel for `backend="banded"`, as `BandedLU(kernel=...)`:
+      `"auto"` (default: LAPACK on CPU, pure JAX elsewhere), `"lapack"` or `"jax"`.
     - `check`: verify at each setup that the assembled matrix reproduces J v =
       `jax.jvp` for a fixed random v, and raise an error if not (a given pattern that
       misses nonzeros). One extra `jvp` per setup. Default True.
@@ -123,11 +130,15 @@ class SparseLU(AbstractLinearSolver):
     sparsity: Sparsity | None = eqx.field(static=True, default=None)
     backend: str = eqx.field(static=True, default="banded")
     check: bool = eqx.field(static=True, default=True)
+    kernel: str = eqx.field(static=True, default="auto")
 
     def __check_init__(self):
         if self.backend not in ("banded", "klu"):
             raise ValueError(f"SparseLU(backend=...) must be 'banded' or 'klu', got "
                              f"{self.backend!r}.")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"SparseLU(kernel=...) must be one of {KERNELS}, got "
+                             f"{self.kernel!r}.")
         if self.sparsity is not None and not isinstance(self.sparsity, Sparsity):
             raise TypeError("SparseLU(sparsity=...) must be a daeadjoint.Sparsity, got "
                             f"{type(self.sparsity).__name__}.")
@@ -139,7 +150,7 @@ class SparseLU(AbstractLinearSolver):
                                  f"{self.sparsity.n} but y0 has {y0.shape[0]} components.")
             return self
         return SparseLU(detect_sparsity(residual, t0, y0, yp0, args), self.backend,
-                        self.check)
+                        self.check, self.kernel)
 
     def setup(self, residual, t, y, yp, cj, args):
         sparsity = self.sparsity
@@ -156,18 +167,15 @@ class SparseLU(AbstractLinearSolver):
                 "pattern (J v from the pattern differs from jax.jvp). Pass the pattern of "
                 "dF/dy ∪ dF/dy', or sparsity=None to detect it.")
         if self.backend == "banded":
-            return factor_blocks(to_blocks(values[plan.order], plan.layout))
+            return factor_band(values[plan.order], plan.permuted, resolve_kernel(self.kernel))
         return _klu_guard(plan, values)
 
     def solve(self, state, rhs, *, transpose=False, weights=None, operator=None):
         if self.backend == "klu":
             return self._solve_klu(state, rhs, transpose), {}
         plan = _plan(self._sparsity_of(state), self.backend)
-        permuted = rhs[plan.perm]                        # P J Pᵀ (P x) = P rhs
-        if transpose:
-            x = solve_blocks_transposed(state, permuted, rhs.shape[0])
-        else:
-            x = solve_blocks(state, permuted, rhs.shape[0])
+        x = solve_band(state, rhs[plan.perm], plan.permuted,   # P J Pᵀ (P x) = P rhs
+                       resolve_kernel(self.kernel), transpose)
         return x[plan.inverse], {}
 
     def _sparsity_of(self, state):
@@ -183,7 +191,7 @@ class SparseLU(AbstractLinearSolver):
     def is_singular(self, state) -> Bool[Array, ""]:
         if self.backend == "klu":
             return state[1]
-        return blocks_singular(state)
+        return band_singular(state, resolve_kernel(self.kernel))
 
 
 def _klu_guard(plan: _Plan, values):
@@ -228,8 +236,8 @@ def default_linear_solver(residual, t0, y0, yp0, args) -> AbstractLinearSolver:
         return DenseLU()
     if sparsity.density >= DENSE_MIN_DENSITY:
         return DenseLU()
-    band = _plan(sparsity, "banded").layout.b     # the better of natural and RCM order
-    if 3 * band >= n:   # the block LU would be a dense LU, 3× the work
+    band = _plan(sparsity, "banded").bandwidth    # the better of natural and RCM order
+    if 3 * band >= n:   # the band LU would be a dense LU, ~3× the work
         return DenseLU()
     # Rather than BandedLU at the same bandwidth: SparseLU assembles J from the pattern's
     # colours (7 for a 5-point stencil) instead of l + u + 1 band colours (measured on R5
