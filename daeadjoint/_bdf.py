@@ -10,7 +10,6 @@ the last successful step, h_used its size, ns the number of steps taken at const
 step size and order.
 """
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 

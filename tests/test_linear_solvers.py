@@ -44,15 +44,14 @@ SOLVERS = {
     # setup, inexact as J drifts between setups; the Newton iteration's own rate test).
     "krylov": lambda band: dae.Krylov(preconditioner=dae.SparseLU()),
 }
-NEW = ["banded", "sparse", pytest.param("klu", marks=pytest.mark.skipif(
-    not HAVE_KLU, reason="klujax not installed"))]
 # The default suite's budget (~10 min on 2 cores): forward mode and vmap through the
-# optional KLU backend, and forward mode through BandedLU (the same forward-sensitivity
-# code as SparseLU, whose run stays in the default suite), run with --runslow.
+# optional KLU backend, and forward mode and vmap through BandedLU (the same band
+# kernels and forward-sensitivity code as SparseLU, whose runs stay in the default
+# suite), run with --runslow.
 SLOW = pytest.mark.slow
 NEW_FAST_FWD = [pytest.param("banded", marks=SLOW), "sparse", pytest.param(
     "klu", marks=[SLOW, pytest.mark.skipif(not HAVE_KLU, reason="klujax not installed")])]
-NEW_FAST_VMAP = ["banded", "sparse", "sparse_jax", pytest.param(
+NEW_FAST_VMAP = [pytest.param("banded", marks=SLOW), "sparse", "sparse_jax", pytest.param(
     "klu", marks=[SLOW, pytest.mark.skipif(not HAVE_KLU, reason="klujax not installed")])]
 
 
@@ -161,11 +160,24 @@ def value_and_grad(problem, solver):
 # ------------------------------------------------------------------ the same answers
 
 
-@pytest.mark.parametrize("solver", NEW)
-@pytest.mark.parametrize("problem", [
-    # n = 3: the banded/sparse machinery on a dense matrix (l = u = 2); slow because it
-    # adds three compilations of the whole solve + adjoint.
-    pytest.param("robertson", marks=pytest.mark.slow), "heat", "reaction_diffusion"])
+def _match_dense_cases():
+    """problem × solver. Slow (--runslow): Robertson (n = 3: the banded/sparse machinery
+    on a dense matrix; three more compilations of the whole solve + adjoint), and on R5
+    heat BandedLU and KLU (both also run on the banded index-1 DAE)."""
+    cases = []
+    for problem in ("robertson", "heat", "reaction_diffusion"):
+        for solver in ("banded", "sparse", "klu"):
+            marks = []
+            if problem == "robertson" or (problem == "heat" and solver != "sparse"):
+                marks.append(SLOW)
+            if solver == "klu":
+                marks.append(pytest.mark.skipif(not HAVE_KLU, reason="klujax not installed"))
+            cases.append(pytest.param(problem, solver, marks=marks,
+                                      id=f"{problem}-{solver}"))
+    return cases
+
+
+@pytest.mark.parametrize(("problem", "solver"), _match_dense_cases())
 def test_solution_and_gradient_match_dense(problem, solver):
     """Solution (every saved row) and the adjoint gradient w.r.t. parameters and y0."""
     (val, ys), (gp, gy0) = value_and_grad(problem, solver)
@@ -315,7 +327,7 @@ def test_band_kernels_against_numpy(kernel):
     for transpose in (False, True):
         ref = np.stack([[np.linalg.solve(dense(values[i]).T if transpose else dense(values[i]),
                                          rhs[i, k]) for k in range(3)] for i in range(2)])
-        f = functools.partial(solve, transpose=transpose)
+        f = jax.jit(functools.partial(solve, transpose=transpose))
         nested = jax.jit(jax.vmap(jax.vmap(f, (None, 0))))(values, rhs)
         np.testing.assert_allclose(nested, ref, rtol=0, atol=1e-12)
         check_grads(f, (values[0], rhs[0, 0]), order=1, modes=("fwd", "rev"))
@@ -406,18 +418,18 @@ def g(k):
 ks = jnp.linspace(0.5, 2.0, 8)
 mesh = jax.make_mesh((4,), ("b",), axis_types=(jax.sharding.AxisType.Auto,))
 sharded = jax.device_put(ks, NamedSharding(mesh, P("b")))
-for f in (jax.jit(jax.vmap(g)), jax.jit(jax.vmap(jax.grad(g)))):
-    a, b = f(ks), f(sharded)
-    assert len(b.sharding.device_set) == 4
-    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-12, atol=0)
+f = jax.jit(jax.vmap(g))
+a, b = f(ks), f(sharded)
+assert len(b.sharding.device_set) == 4
+np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-12, atol=0)
 print("ok")
 """
 
 
 def test_sharded_batch_with_the_default_solver():
-    """A vmapped solve and gradient of R5 heat (M = 10) whose batch of 8 is sharded over
-    four (host-platform) CPU devices, with the default linear solver (SparseLU), equal
-    the unsharded ones (1e-12: the same program per member, up to the partitioner's
+    """A vmapped solve of R5 heat (M = 10) whose batch of 8 is sharded over four
+    (host-platform) CPU devices, with the default linear solver (SparseLU), equals the
+    unsharded one (1e-12: the same program per member, up to the partitioner's
     reassociation). With several devices the band LU uses its pure-JAX kernel: the
     LAPACK kernel's host callback, pinned to one device by XLA's partitioner, deadlocks
     here in the partitioner's collectives (`SHARDED_SCRIPT lapack`: XLA aborts after its

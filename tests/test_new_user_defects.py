@@ -31,8 +31,19 @@ def y_end(k):
 
 
 # ------------------------------------------------------------ silent wrong answers
-@pytest.mark.parametrize("kind", ["python-float", "weak-jnp", "numpy", "jnp-f64"])
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+# The defect was weak-typed inputs outside jit; numpy and jnp float64 scalars are
+# strongly typed like every other test's inputs, and jitted calls of every kind share
+# one path — those combinations run with --runslow (the default suite's budget).
+INPUT_KINDS = [pytest.param(kind, jit, id=f"{'jit' if jit else 'eager'}-{kind}",
+                            marks=[] if (kind, jit) in {("python-float", False),
+                                                        ("weak-jnp", False),
+                                                        ("python-float", True)}
+                            else [pytest.mark.slow])
+               for jit in (False, True)
+               for kind in ("python-float", "weak-jnp", "numpy", "jnp-f64")]
+
+
+@pytest.mark.parametrize(("kind", "jit"), INPUT_KINDS)
 def test_gradient_for_every_input_kind(kind, jit):
     """jax.grad of a Python-float parameter returned 0.0 outside jit (equinox's
     filter_custom_vjp dropped weak-typed cotangents). Every input kind, eager and jitted,
@@ -208,21 +219,29 @@ def test_inconsistent_initial_values_hint_init():
 
 def test_every_transformation_and_second_order():
     """Forward mode and nested reverse raised JAX's generic errors (and jax.hessian
-    returned NaN). Now linearize, jvp-of-grad (forward over adjoint) and jacrev-of-jacrev
-    (reverse over reverse), jacfwd-of-jacfwd and jacrev-of-jacfwd give the exact
-    derivatives of e^{−k}; jacfwd and jvp are
-    checked above, jax.hessian (jacfwd of jacrev) with the DiscreteAdjoint above and
-    with the adjoint in tests/test_transformations.py."""
+    returned NaN). Now linearize, jvp-of-grad (forward over adjoint) and jacfwd-of-jacfwd
+    (the fused forward run's own derivative rule, through the unfused primal and tangent
+    primitives) give the exact derivatives of e^{−k}; jacfwd and jvp are checked above,
+    jax.hessian (jacfwd of jacrev) with the DiscreteAdjoint above and with the adjoint in
+    tests/test_transformations.py, two more compositions below."""
     k = 0.5
     e = np.exp(-k)
     _, lin = jax.linearize(y_end, k)
     assert abs(float(lin(1.0)) + e) <= BOUND
     _, hvp = jax.jvp(jax.grad(y_end), (k,), (1.0,))
     assert abs(float(hvp) - e) <= BOUND
-    assert abs(float(jax.jacrev(jax.jacrev(y_end))(k)) - e) <= BOUND
-    # Forward over forward and reverse over forward: the fused forward run's own
-    # derivative rule (through the unfused primal and tangent primitives).
     assert abs(float(jax.jacfwd(jax.jacfwd(y_end))(k)) - e) <= BOUND
+
+
+@pytest.mark.slow
+def test_reverse_over_reverse_and_over_forward():
+    """jacrev-of-jacrev (reverse over reverse) and jacrev-of-jacfwd (reverse over the
+    fused forward run) give e^{−k}. Slow (~25 s of compilation; the default suite's
+    budget): their pieces — the adjoint's own derivative rule, the fused run's rule —
+    are exercised there by jax.hessian, jvp-of-grad and jacfwd-of-jacfwd."""
+    k = 0.5
+    e = np.exp(-k)
+    assert abs(float(jax.jacrev(jax.jacrev(y_end))(k)) - e) <= BOUND
     assert abs(float(jax.jacrev(jax.jacfwd(y_end))(k)) - e) <= BOUND
 
 
