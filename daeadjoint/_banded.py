@@ -8,11 +8,11 @@ M = 100 (n = 10404) ~1.5× faster with LAPACK; a vmapped batch of 64 at M = 20 4
 68 ms; a chain, n = 2000, l = u = 2, 2.6 vs 2.9 ms.
 
 A matrix with lower bandwidth l and upper bandwidth u (J_ij = 0 unless −l ≤ j − i ≤ u)
-is, in blocks of size b = max(l, u), block tridiagonal: row block k touches only column
-blocks k − 1, k, k + 1. Gaussian elimination with partial pivoting (GEPP, as LAPACK's
-gbtrf) then works on a sliding window of two block rows: for column block k the only
-rows that can hold a nonzero below the diagonal are those of block rows k and k + 1
-(row i > j + l is structurally zero), so
+is, in blocks of any size b ≥ max(l, u) (we use max(l, u, 16), see `MIN_BLOCK`), block
+tridiagonal: row block k touches only column blocks k − 1, k, k + 1. Gaussian
+elimination with partial pivoting (GEPP, as LAPACK's gbtrf) then works on a sliding
+window of two block rows: for column block k the only rows that can hold a nonzero below
+the diagonal are those of block rows k and k + 1 (row i > j + l is structurally zero), so
 
     P_k [D̃_k  C̃_k  0    ]   [L11]                      [0      ]
         [A_k+1 D_k+1 C_k+1] = [L21] [U11  U12  U13]  +   [S_k+1  ]
@@ -270,9 +270,10 @@ class BandedLU(AbstractLinearSolver):
     - `kernel`: `"lapack"` (LAPACK's gbtrf/gbtrs on the host through a callback — the
       factorization of IDAS's SUNLinSol_LapackBand; CPU), `"jax"` (block elimination in
       pure JAX, see `daeadjoint._banded`; any device, no host round trips) or `"auto"`
-      (default: `"lapack"` when JAX's default backend is the CPU, else `"jax"`). Both
-      run under `jit`, `vmap` and every derivative, and give the same factorization up
-      to rounding.
+      (default: `"lapack"` when the program runs on a single CPU device, `"jax"` on GPUs
+      and whenever several devices exist — a sharded computation must not use the
+      callback). Both run under `jit`, `vmap` and every derivative, and give the same
+      factorization up to rounding.
     """
 
     lower: int = eqx.field(static=True)

@@ -121,7 +121,8 @@ class SparseLU(AbstractLinearSolver):
       partial pivoting — jit, vmap, CPU and GPU) or `"klu"` (KLU through klujax, CPU; see
       `daeadjoint._sparse`).
     - `kernel`: the band LU's kernel for `backend="banded"`, as `BandedLU(kernel=...)`:
-      `"auto"` (default: LAPACK on CPU, pure JAX elsewhere), `"lapack"` or `"jax"`.
+      `"auto"` (default: LAPACK on a single CPU device, pure JAX on GPUs and with
+      several devices), `"lapack"` or `"jax"`.
     - `check`: verify at each setup that the assembled matrix reproduces J v =
       `jax.jvp` for a fixed random v, and raise an error if not (a given pattern that
       misses nonzeros). One extra `jvp` per setup. Default True.
