@@ -237,6 +237,28 @@ def test_klu_vmap_of_whole_solves_matches_sequential():
         close(batched[i], one(ks[i]))
 
 
+def random_band_systems(n, lower, upper, batch, nrhs, seed):
+    """`batch` random matrices on the band pattern (diagonal +4: well conditioned), each
+    with `nrhs` right-hand sides, and numpy's dense solves of them (J or Jᵀ) — the
+    reference of the solve-primitive tests."""
+    pattern = dae.Sparsity.banded(n, lower, upper)
+    rng = np.random.default_rng(seed)
+    values = rng.normal(size=(batch, pattern.nnz))
+    values[:, pattern.rows == pattern.cols] += 4.0
+    rhs = rng.normal(size=(batch, nrhs, n))
+
+    def dense(v):
+        a = np.zeros((n, n))
+        a[pattern.rows, pattern.cols] = v
+        return a
+
+    def reference(transpose):
+        return np.stack([[np.linalg.solve(dense(v).T if transpose else dense(v), b)
+                          for b in rs] for v, rs in zip(values, rhs)])
+
+    return pattern, values, rhs, dense, reference
+
+
 @KLU
 def test_klu_solve_primitive_batching_and_derivatives():
     """The KLU solve primitive against numpy's dense solve: J x = b and Jᵀ x = b, a
@@ -248,22 +270,10 @@ def test_klu_solve_primitive_batching_and_derivatives():
     from daeadjoint._klu import klu_solve
     from daeadjoint._sparse import _plan
 
-    n = 6
-    pattern = dae.Sparsity.banded(n, 1, 2)
+    pattern, values, rhs, _, reference = random_band_systems(6, 1, 2, 3, 4, seed=0)
     plan = _plan(pattern, "klu")
-    rng = np.random.default_rng(0)
-    values = rng.normal(size=(3, pattern.nnz))
-    values[:, pattern.rows == pattern.cols] += 4.0
-    rhs = rng.normal(size=(3, 4, n))
-
-    def dense(v):
-        a = np.zeros((n, n))
-        a[pattern.rows, pattern.cols] = v
-        return a
-
     for transpose in (False, True):
-        ref = np.stack([[np.linalg.solve(dense(values[i]).T if transpose else dense(values[i]),
-                                         rhs[i, k]) for k in range(4)] for i in range(3)])
+        ref = reference(transpose)
         f = functools.partial(klu_solve, plan, transpose=transpose)
         nested = jax.jit(jax.vmap(jax.vmap(f, (None, 0))))(values, rhs)
         np.testing.assert_allclose(nested, ref, rtol=0, atol=1e-12)
@@ -309,24 +319,13 @@ def test_band_kernels_against_numpy(kernel):
 
     from daeadjoint._banded import band_singular, factor_band, solve_band
 
-    n, lower, upper = 37, 3, 1
-    pattern = dae.Sparsity.banded(n, lower, upper)
-    rng = np.random.default_rng(1)
-    values = rng.normal(size=(2, pattern.nnz))
-    values[:, pattern.rows == pattern.cols] += 4.0
-    rhs = rng.normal(size=(2, 3, n))
-
-    def dense(v):
-        a = np.zeros((n, n))
-        a[pattern.rows, pattern.cols] = v
-        return a
+    pattern, values, rhs, dense, reference = random_band_systems(37, 3, 1, 2, 3, seed=1)
 
     def solve(v, b, transpose):
         return solve_band(factor_band(v, pattern, kernel), b, pattern, kernel, transpose)
 
     for transpose in (False, True):
-        ref = np.stack([[np.linalg.solve(dense(values[i]).T if transpose else dense(values[i]),
-                                         rhs[i, k]) for k in range(3)] for i in range(2)])
+        ref = reference(transpose)
         f = jax.jit(functools.partial(solve, transpose=transpose))
         nested = jax.jit(jax.vmap(jax.vmap(f, (None, 0))))(values, rhs)
         np.testing.assert_allclose(nested, ref, rtol=0, atol=1e-12)
