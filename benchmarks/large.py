@@ -15,7 +15,7 @@ Table 1, per M: forward wall time (g) and gradient wall time (∇g w.r.t. p1, p2
   - IDA through scikit-sundae, banded (lband = uband = M + 2; forward only: it has no
     adjoint),
   - daeadjoint with BandedLU(M+2, M+2), SparseLU() (RCM + band LU; on one CPU device
-    LAPACK's gbtrf through a host callback), SparseLU(kernel="jax") (the pure-JAX band
+    LAPACK's gbtrf as an XLA custom call), SparseLU(kernel="jax") (the pure-JAX band
     kernel used on GPUs and with several devices), SparseLU(backend="klu") and the
     default (linear_solver=None),
 with ratios to IDAS (casadi) and gradient ÷ forward. Median of `repeats` warm runs after

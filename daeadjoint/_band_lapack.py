@@ -1,11 +1,14 @@
-"""The CPU kernel of the banded LU: LAPACK's gbtrf/gbtrs on the host.
+"""The CPU kernel of the banded LU: LAPACK's gbtrf/gbtrs inside the XLA program.
 
 `_banded`'s block elimination is pure JAX and runs anywhere, but on a CPU it executes
 n/b dependent steps of small kernels inside XLA's loop machinery; LAPACK's band
 factorization (the one IDAS's SUNLinSol_LapackBand calls, and the reference
 implementation of GEPP on a band) does the same O(n·l·(l + u)) arithmetic in one call.
-Measured on R5 heat at M = 40 (n = 1764, l = u = 42, one core): dgbtrf 0.9 ms vs 4.0
-ms for the block scan, dgbtrs 0.08 ms vs 0.43 ms.
+Both LAPACK routines run as XLA FFI custom calls (`_lapack_ffi`): in place, on the
+program's buffers, without Python. Measured on R5 heat at M = 40 (n = 1764, l = u = 42,
+one core), one factorization and six solves in a jitted loop: 1.4 ms, against 6.8 ms
+for the block scan and 5.6 ms when the same LAPACK calls went through
+`jax.pure_callback` (interpreter entry and copies of the factors on every solve).
 
 The matrix lives in LAPACK's band storage, transposed so that a C-ordered JAX array of
 shape (n, 2l + u + 1) is the Fortran-ordered (2l + u + 1, n) array LAPACK reads:
@@ -16,24 +19,13 @@ shape (n, 2l + u + 1) is the Fortran-ordered (2l + u + 1, n) array LAPACK reads:
 Rows are equilibrated by their ∞-norms first (as `_banded`), and the singularity test is
 `DenseLU`'s on U's diagonal (gbtrf's pivots): non-finite, or ≤ n·eps·max |pivot|.
 
-Two host callbacks and one primitive:
-
-- `factor(band, l, u)` → the LU factors and pivot indices (a `jax.pure_callback`; not
-  differentiated: the factors are data for the solve, whose derivative rules use the
-  matrix itself).
+- `factor(values, layout)` → `BandFactors` (gbtrf; not differentiated: the factors
+  are data for the solve, whose derivative rules use the matrix itself).
 - `band_solve_p(band, lu, ipiv, rhs)`: J x = rhs (or Jᵀ x = rhs) by gbtrs. A primitive,
   like `_klu.klu_solve_p`, so that it is a differentiable linear solve: JVP
   d(J⁻¹ b) = J⁻¹ (db − dJ x) with dJ from `band`'s tangent, transpose = the solve with
   Jᵀ (`DiscreteAdjoint` differentiates through it), and a batching rule that hands a
-  batch of matrices, or many right-hand sides of one matrix, to one callback.
-
-A callback costs ~0.1 ms of interpreter overhead plus copies of its operands (the
-factors: O(n·(2l + u)) numbers per solve), and it runs on the host, so this kernel is
-for programs on one CPU device (`_banded.resolve_kernel`); on GPUs and with several
-devices `_banded`'s pure-JAX kernel is used. In the integrator the copies eat much of
-LAPACK's advantage at l = u = 42 (one factorization and six solves 5.6 vs 6.8 ms); the
-gain grows with the bandwidth (l = u = 102: ~1.5x) and for batches (vmap of 64: 42 vs
-68 ms).
+  batch of matrices, or many right-hand sides of one matrix, to one custom call.
 """
 
 import functools
@@ -43,10 +35,10 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 import numpy as np
-import scipy.linalg.lapack as lapack
 from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, Bool, Float, Int
 
+from . import _lapack_ffi
 from ._jacobian import Sparsity
 
 
@@ -77,7 +69,7 @@ def band_layout(sparsity: Sparsity) -> BandLayout:
 class BandFactors(NamedTuple):
     """The state of one factorization: the row scaling d (J_s = diag(d) J), J_s in band
     storage (the derivative rules of the solve need the matrix), its LU factors, gbtrf's
-    pivot rows (0-based, as scipy's wrappers give and take them), and U's diagonal (the
+    pivot rows (1-based, as LAPACK's), and U's diagonal (the
     singularity test)."""
 
     d: Float[Array, " n"]
@@ -94,11 +86,13 @@ def factor(values: Float[Array, " nnz"], layout: BandLayout) -> BandFactors:
     d = 1.0 / jnp.where(rownorm > 0, rownorm, 1.0)
     scaled = values * d[layout.rows]
     band = jnp.zeros((n, layout.width), values.dtype).at[layout.index].set(scaled)
-    lu, ipiv = jax.pure_callback(
-        functools.partial(_host_factor, lower=l, upper=u),
+    factor_target, _ = _lapack_ffi.targets(band.dtype)
+    lu, ipiv = jax.ffi.ffi_call(
+        factor_target,
         (jax.ShapeDtypeStruct(band.shape, band.dtype),
          jax.ShapeDtypeStruct((n,), jnp.int32)),
-        jax.lax.stop_gradient(band), vmap_method="expand_dims")
+        vmap_method="broadcast_all",
+    )(_params(l, u, False), jax.lax.stop_gradient(band))
     return BandFactors(d, band, lu, ipiv, lu[..., :, l + u])
 
 
@@ -119,44 +113,9 @@ def singular(state: BandFactors) -> Bool[Array, ""]:
     return bad | (jnp.min(pivots) <= pivots.shape[-1] * eps * jnp.max(pivots))
 
 
-# ------------------------------------------------------------------ host functions
-
-
-def _host_factor(band, *, lower, upper):
-    """gbtrf on every matrix of a (…, n, w) batch; a non-finite matrix is not given to
-    LAPACK (its factors are then NaN, which `singular` reports)."""
-    band = np.asarray(band)
-    gbtrf, = lapack.get_lapack_funcs(("gbtrf",), dtype=band.dtype)
-    lu = np.empty_like(band)
-    ipiv = np.zeros(band.shape[:-1], np.int32)
-    for idx in np.ndindex(band.shape[:-2]):
-        if not np.all(np.isfinite(band[idx])):
-            lu[idx] = np.nan
-            continue
-        # band[idx].T is LAPACK's Fortran-ordered (2l + u + 1, n) storage; a copy,
-        # which gbtrf then overwrites.
-        factors, piv, _ = gbtrf(np.array(band[idx].T, order="F"), lower, upper,
-                                overwrite_ab=1)
-        lu[idx] = factors.T
-        ipiv[idx] = piv
-    return lu, ipiv
-
-
-def _host_solve(lu, ipiv, rhs, *, lower, upper, transpose):
-    """gbtrs for a (…, n) batch of right-hand sides: `lu` is either one matrix (all the
-    right-hand sides as columns of one call) or a batch aligned with `rhs`."""
-    lu, ipiv, rhs = np.asarray(lu), np.asarray(ipiv), np.asarray(rhs)
-    gbtrs, = lapack.get_lapack_funcs(("gbtrs",), dtype=lu.dtype)
-    trans = 1 if transpose else 0
-    n = rhs.shape[-1]
-    if lu.ndim == 2:
-        b = rhs.reshape(-1, n).T
-        x, _ = gbtrs(lu.T, lower, upper, np.array(b, order="F"), ipiv, trans=trans)
-        return np.ascontiguousarray(x.T).reshape(rhs.shape).astype(rhs.dtype)
-    out = np.empty_like(rhs)
-    for idx in np.ndindex(lu.shape[:-2]):
-        out[idx], _ = gbtrs(lu[idx].T, lower, upper, rhs[idx], ipiv[idx], trans=trans)
-    return out
+def _params(lower: int, upper: int, transpose: bool) -> Int[Array, " 3"]:
+    """The custom calls' static integers, as an operand (`_lapack_ffi`)."""
+    return jnp.array([lower, upper, int(transpose)], jnp.int32)
 
 
 # ------------------------------------------------------------------ the solve primitive
@@ -166,12 +125,12 @@ band_solve_p = jax.extend.core.Primitive("daeadjoint_band_solve")
 
 
 def _solve_body(band, lu, ipiv, rhs, *, lower, upper, transpose):
-    """The host solve; `band` is carried only for the derivative rules."""
+    """gbtrs in XLA; `band` is carried only for the derivative rules. `lu` is one matrix
+    (every right-hand side solved with it) or a batch aligned with `rhs` (`_batch`)."""
     del band
-    return jax.pure_callback(
-        functools.partial(_host_solve, lower=lower, upper=upper, transpose=transpose),
-        jax.ShapeDtypeStruct(rhs.shape, rhs.dtype), lu, ipiv, rhs,
-        vmap_method="sequential")
+    _, solve_target = _lapack_ffi.targets(lu.dtype)
+    return jax.ffi.ffi_call(solve_target, jax.ShapeDtypeStruct(rhs.shape, rhs.dtype))(
+        _params(lower, upper, transpose), lu, ipiv, rhs)
 
 
 def _abstract_eval(band, lu, ipiv, rhs, *, lower, upper, transpose):

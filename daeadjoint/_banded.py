@@ -1,11 +1,9 @@
 """Banded LU: `BandedLU(lower, upper)`, and its pure-JAX kernel.
 
 Two kernels factorize the band (`kernel=`, chosen by `resolve_kernel`): on one CPU
-device LAPACK's gbtrf/gbtrs through a host callback (`_band_lapack`), elsewhere (GPUs,
+device LAPACK's gbtrf/gbtrs as XLA custom calls (`_band_lapack`), elsewhere (GPUs,
 several devices) the block elimination below, in pure JAX. Measured on one core, one
-factorization and six solves: R5 heat M = 40 (n = 1764, l = u = 42) 5.6 ms vs 6.8 ms;
-M = 100 (n = 10404) ~1.5× faster with LAPACK; a vmapped batch of 64 at M = 20 42 vs
-68 ms; a chain, n = 2000, l = u = 2, 2.6 vs 2.9 ms.
+factorization and six solves, R5 heat M = 40 (n = 1764, l = u = 42): 1.4 ms vs 6.8 ms.
 
 A matrix with lower bandwidth l and upper bandwidth u (J_ij = 0 unless −l ≤ j − i ≤ u)
 is, in blocks of any size b ≥ max(l, u) (we use max(l, u, 16), see `MIN_BLOCK`), block
@@ -49,7 +47,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from . import _band_lapack
+from . import _band_lapack, _lapack_ffi
 from ._jacobian import (Sparsity, assemble, banded_colours, check_pattern,
                         compressed_jacobian, pattern_mismatch, seeds)
 from ._linear_solver import AbstractLinearSolver
@@ -59,22 +57,30 @@ KERNELS = ("auto", "lapack", "jax")
 
 
 def resolve_kernel(kernel: str) -> str:
-    """`"auto"` → `"lapack"` when the program runs on a single CPU device (the host
-    callback then runs where the arrays live), `"jax"` otherwise: on GPUs (no host round
-    trips) and with several devices, where XLA's partitioner would pin the callback to
-    one device (measured: a batch sharded over four CPU devices deadlocked in the
-    partitioner's collectives; the pure-JAX kernel partitions like any JAX code)."""
+    """`"auto"` → `"lapack"` when the program runs on a single CPU device and the LAPACK
+    custom calls build here (`_lapack_ffi`: numba compiles them), `"jax"` otherwise: on
+    GPUs, and with several devices, where XLA's partitioner cannot split a custom call
+    and runs it replicated, on the whole batch on every device, while the pure-JAX kernel
+    partitions like any JAX code. An explicit `"lapack"` that cannot be built raises
+    naming why; with several devices it warns."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}.")
     if kernel == "auto":
         single_cpu = jax.default_backend() == "cpu" and jax.device_count() == 1
-        return "lapack" if single_cpu else "jax"
-    if kernel == "lapack" and jax.device_count() > 1:
-        warnings.warn(
-            f"kernel='lapack' with {jax.device_count()} devices: the band LU runs in a host "
-            "callback that XLA cannot partition; a computation sharded across devices can "
-            "deadlock (XLA then aborts with a rendezvous timeout). Use kernel='jax' (or "
-            "'auto') for sharded computations.", stacklevel=3)
+        return "lapack" if single_cpu and _lapack_ffi.available() is None else "jax"
+    if kernel == "lapack":
+        if jax.default_backend() != "cpu":
+            raise ValueError(f"kernel='lapack' runs on the CPU; the default backend here is "
+                             f"{jax.default_backend()!r}: use kernel='jax' (or 'auto').")
+        if (why := _lapack_ffi.available()) is not None:
+            raise ValueError(f"kernel='lapack' is unavailable here ({why}); use "
+                             "kernel='jax' (or 'auto').")
+        if jax.device_count() > 1:
+            warnings.warn(
+                f"kernel='lapack' with {jax.device_count()} devices: XLA cannot partition "
+                "the LAPACK custom call, so a computation sharded across devices gathers "
+                "the whole batch and factorizes it on every device. Use kernel='jax' (or "
+                "'auto') for sharded computations.", stacklevel=3)
     return kernel
 
 
@@ -267,12 +273,12 @@ class BandedLU(AbstractLinearSolver):
     - `check`: verify at each setup that the band reproduces J v = `jax.jvp` for a fixed
       random v, and raise an error naming the bandwidth if not (a too-small bandwidth).
       One extra `jvp` per setup. Default True.
-    - `kernel`: `"lapack"` (LAPACK's gbtrf/gbtrs on the host through a callback — the
-      factorization of IDAS's SUNLinSol_LapackBand; CPU), `"jax"` (block elimination in
-      pure JAX, see `daeadjoint._banded`; any device, no host round trips) or `"auto"`
+    - `kernel`: `"lapack"` (LAPACK's gbtrf/gbtrs — the factorization of IDAS's
+      SUNLinSol_LapackBand — as XLA custom calls compiled by numba; CPU), `"jax"` (block
+      elimination in pure JAX, see `daeadjoint._banded`; any device) or `"auto"`
       (default: `"lapack"` when the program runs on a single CPU device, `"jax"` on GPUs
-      and whenever several devices exist — a sharded computation must not use the
-      callback). Both run under `jit`, `vmap` and every derivative, and give the same
+      and whenever several devices exist — XLA cannot partition the custom call over a
+      sharded batch). Both run under `jit`, `vmap` and every derivative, and give the same
       factorization up to rounding.
     """
 

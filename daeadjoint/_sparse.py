@@ -7,7 +7,7 @@ n×n array, and factorized by one of two backends:
 - `"banded"` (default; jit/vmap, any device): the reverse Cuthill–McKee ordering of the
   symmetrized pattern (scipy, once, at trace time) permutes J to a narrow band, P J Pᵀ,
   which `_banded`'s band LU factorizes in O(n·b) memory, b the permuted bandwidth —
-  LAPACK's gbtrf through a host callback on CPUs, block GEPP in pure JAX elsewhere
+  LAPACK's gbtrf as an XLA custom call on CPUs, block GEPP in pure JAX elsewhere
   (`kernel=`). Right for 1-D chains, meshes of modest width, networks that RCM orders
   well. Singular matrices are reported as `DenseLU` does (relative pivot test).
 - `"klu"`: KLU (Davis & Palamadai Natarajan; the sparse direct solver of IDAS's
