@@ -238,7 +238,7 @@ def adjoint_problem(terms: _Terms, linear_solver, n, k, algebraic, buf, w, p, rt
         args=(buf, w, p, t_r), rtol=rtol, atol=jnp.full((2 * n * k,), atol, dtype),
         error_mask=jnp.tile(one, k), quad_rtol=rtol, quad_atol=jnp.full((npar * k,), atol, dtype),
         quad_error_control=quad_error_control and npar > 0, tstop=s_stop,
-        reset_newton_rate=True)
+        reset_newton_rate=True, error_groups=k)
 
 
 # ------------------------------------------------------------ observation jumps

@@ -130,11 +130,20 @@ def wrms(v: Float[Array, " n"], weights: Float[Array, " n"]) -> Float[Array, ""]
     return jnp.sqrt(jnp.mean((v * weights) ** 2))
 
 
+def grouped_wrms(v: Float[Array, " n"], weights: Float[Array, " n"], groups: int) -> Float[Array, ""]:
+    """The largest `wrms` over `groups` equal consecutive blocks of v: the norm of k
+    problems integrated as one (the adjoint's k cotangent directions), so that each is
+    held to its own tolerance — IDAS's norm over sensitivities is the same maximum."""
+    if groups == 1 or v.shape[0] == 0:
+        return wrms(v, weights)
+    return jnp.max(jnp.sqrt(jnp.mean((v * weights).reshape(groups, -1) ** 2, axis=1)))
+
+
 def error_weights(y, rtol, atol):
     """W_i = 1/(rtol |y_i| + atol_i), IDAS manual eq. (6.5)."""
     return 1.0 / (rtol * jnp.abs(y) + atol)
 
 
 __all__ = ["MAXORD", "NPHI", "set_coefficients", "scale_history", "predict",
-           "complete_history", "derivative_weights", "interpolation_weights", "interpolate", "wrms",
+           "complete_history", "derivative_weights", "interpolation_weights", "interpolate", "wrms", "grouped_wrms",
            "error_weights"]

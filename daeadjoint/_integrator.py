@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from ._bdf import (MAXORD, NPHI, complete_history, derivative_weights, error_weights,
-                   interpolate, interpolation_weights, predict, scale_history,
-                   set_coefficients, wrms)
+                   grouped_wrms, interpolate, interpolation_weights, predict,
+                   scale_history, set_coefficients, wrms)
 from ._events import Event, EventState, search_step
 from ._forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
                                    sensitivity_corrector)
@@ -63,6 +63,9 @@ class Problem(eqx.Module):
     rtol: Array
     atol: Array            # (n,)
     error_mask: Array      # (n,) 1.0 where a component enters the local error test
+    # The state (and the quadratures) are `error_groups` problems stacked (the adjoint's
+    # cotangent directions): the error norm is the largest of theirs (`grouped_wrms`).
+    error_groups: int = eqx.field(static=True, kw_only=True, default=1)
     quad_rtol: Array
     quad_atol: Array       # (nq,)
     quad_error_control: bool = eqx.field(static=True)
@@ -125,9 +128,10 @@ def initial_step(problem: Problem, t0, y0, yp0, qp0, t_out, s0=None, sp0=None) -
     norm including the sensitivities' s'0 under full error control)."""
     h = 0.001 * jnp.abs(t_out - t0)
     ewt = error_weights(y0, problem.rtol, problem.atol) * problem.error_mask
-    ypnorm = wrms(yp0, ewt)
+    g = problem.error_groups
+    ypnorm = grouped_wrms(yp0, ewt, g)
     if problem.quad_error_control and qp0.shape[0] > 0:
-        ypnorm = jnp.maximum(ypnorm, wrms(qp0, 1.0 / problem.quad_atol))
+        ypnorm = jnp.maximum(ypnorm, grouped_wrms(qp0, 1.0 / problem.quad_atol, g))
     sens = problem.sens
     if sens is not None and sens.error_control and sens.k > 0:
         ewt_s = error_weights(s0, problem.rtol, sens.atol) * problem.error_mask
@@ -216,9 +220,9 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     def err_norm(v):
         """WRMS norm of a correction-like dict over `parts`: the maximum over the parts
         under error control (IDAS's combined norm)."""
-        nrm = wrms(v["y"], ewt_err)
+        nrm = grouped_wrms(v["y"], ewt_err, problem.error_groups)
         if problem.quad_error_control and "q" in v:
-            nrm = jnp.maximum(nrm, wrms(v["q"], ewtq))
+            nrm = jnp.maximum(nrm, grouped_wrms(v["q"], ewtq, problem.error_groups))
         if sens is not None and sens.error_control:
             nrm = jnp.maximum(nrm, jnp.max(jax.vmap(wrms)(v["s"], ewt_s * problem.error_mask)))
             if problem.quad_error_control and "sq" in v:
