@@ -399,6 +399,18 @@ def test_unknown_band_kernel_is_a_clear_error():
             make()
 
 
+def test_lapack_kernel_unavailable(monkeypatch):
+    """Where the LAPACK custom calls cannot be built (no numba, or XLA refuses them),
+    "auto" uses the pure-JAX kernel and an explicit "lapack" raises naming why."""
+    from daeadjoint import _banded, _lapack_ffi
+
+    assert _lapack_ffi.available() is None          # here they build
+    monkeypatch.setattr(_lapack_ffi, "available", lambda: "ImportError: no numba")
+    assert _banded.resolve_kernel("auto") == "jax"
+    with pytest.raises(ValueError, match=r"kernel='lapack' is unavailable here \(ImportError: no numba\)"):
+        _banded.resolve_kernel("lapack")
+
+
 SHARDED_SCRIPT = """
 import sys
 import jax, jax.numpy as jnp, numpy as np
