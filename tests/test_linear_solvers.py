@@ -47,11 +47,13 @@ SOLVERS = {
 # The default suite's budget (~10 min on 2 cores): forward mode and vmap through the
 # optional KLU backend, and forward mode and vmap through BandedLU (the same band
 # kernels and forward-sensitivity code as SparseLU, whose runs stay in the default
-# suite), run with --runslow.
+# suite), run with --runslow. So does vmap with the pure-JAX band kernel: the default
+# suite runs it through whole vmapped solves in test_sharded_batch_with_the_default_solver
+# (several devices select it) and on its own in test_band_kernels_against_numpy[jax].
 SLOW = pytest.mark.slow
 NEW_FAST_FWD = [pytest.param("banded", marks=SLOW), "sparse", pytest.param(
     "klu", marks=[SLOW, pytest.mark.skipif(not HAVE_KLU, reason="klujax not installed")])]
-NEW_FAST_VMAP = [pytest.param("banded", marks=SLOW), "sparse", "sparse_jax", pytest.param(
+NEW_FAST_VMAP = [pytest.param("banded", marks=SLOW), "sparse", pytest.param("sparse_jax", marks=SLOW), pytest.param(
     "klu", marks=[SLOW, pytest.mark.skipif(not HAVE_KLU, reason="klujax not installed")])]
 
 

@@ -5,6 +5,7 @@ against central differences of adjoint gradients (REFERENCE_VALUES.md R1, R4).""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import daeadjoint as dae
 from problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
@@ -164,9 +165,15 @@ def test_pure_forward_mode_is_one_run_and_grad_of_vmap_is_not():
     assert "daeadjoint_cotangent" in str(jax.make_jaxpr(jax.grad(lambda qs: jnp.sum(jax.vmap(loss)(qs))))(ps))
     for i in range(2):
         np.testing.assert_allclose(g_batched[i], g_single(ps[i]), rtol=1e-7, atol=1e-12)
-    # jacfwd outside a vmap over the primal (examples/fit_event_time.py): the primal
-    # stays unbatched over the directions; equals the member's jacfwd (2e-7: 20
-    # tolerance units, as in test_vmap_of_jacfwd_and_linearize).
+
+
+@pytest.mark.slow
+def test_jacfwd_of_a_vmapped_solve():
+    """jacfwd outside a vmap over the primal (examples/fit_event_time.py): the primal
+    stays unbatched over the directions; equals the member's jacfwd (2e-7: 20 tolerance
+    units, as in test_vmap_of_jacfwd_and_linearize). Slow (the default suite's budget):
+    CI runs that example, and test_vmap_of_jacfwd_and_linearize covers vmap with jacfwd."""
+    p = jnp.array([0.8, 2.0, 0.3, 0.5])
     two = lambda q: jax.vmap(lambda r: kinetics_algebraic(r, 1e-8))(jnp.stack([q, 1.1 * q]))  # noqa: E731
     J = jax.jit(jax.jacfwd(two))(p)
     single = jax.jit(jax.jacfwd(lambda q: kinetics_algebraic(q, 1e-8)))
