@@ -69,8 +69,7 @@ def band_layout(sparsity: Sparsity) -> BandLayout:
 class BandFactors(NamedTuple):
     """The state of one factorization: the row scaling d (J_s = diag(d) J), J_s in band
     storage (the derivative rules of the solve need the matrix), its LU factors, gbtrf's
-    pivot rows (1-based, as LAPACK's), and U's diagonal (the
-    singularity test)."""
+    pivot rows (1-based, as LAPACK's), and U's diagonal (the singularity test)."""
 
     d: Float[Array, " n"]
     band: Float[Array, "n w"]
@@ -100,9 +99,12 @@ def solve(state: BandFactors, rhs: Float[Array, " n"], layout: BandLayout,
           transpose: bool = False) -> Float[Array, " n"]:
     """J x = rhs, or Jᵀ x = rhs: J = D⁻¹ J_s, so x = J_s⁻¹ (D rhs), or x = D J_s⁻ᵀ rhs."""
     kw = dict(lower=layout.lower, upper=layout.upper, transpose=bool(transpose))
+    b = jnp.asarray(rhs).astype(state.lu.dtype)   # LAPACK solves in the factors' precision
     if transpose:
-        return state.d * band_solve_p.bind(state.band, state.lu, state.ipiv, rhs, **kw)
-    return band_solve_p.bind(state.band, state.lu, state.ipiv, state.d * rhs, **kw)
+        x = state.d * band_solve_p.bind(state.band, state.lu, state.ipiv, b, **kw)
+    else:
+        x = band_solve_p.bind(state.band, state.lu, state.ipiv, state.d * b, **kw)
+    return x.astype(jnp.result_type(rhs))
 
 
 def singular(state: BandFactors) -> Bool[Array, ""]:
@@ -135,6 +137,9 @@ def _solve_body(band, lu, ipiv, rhs, *, lower, upper, transpose):
 
 def _abstract_eval(band, lu, ipiv, rhs, *, lower, upper, transpose):
     del lower, upper, transpose, ipiv
+    if rhs.dtype != lu.dtype:   # the custom call reads both as one LAPACK precision
+        raise TypeError(f"band_solve: right-hand sides of dtype {rhs.dtype} for factors of "
+                        f"dtype {lu.dtype}.")
     if band.shape != lu.shape or (band.ndim > 2 and band.shape[:-2] != rhs.shape[:-1]):
         raise ValueError(f"band_solve: matrices {band.shape} do not match the right-hand "
                          f"sides {rhs.shape}.")
