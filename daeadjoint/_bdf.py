@@ -130,7 +130,8 @@ def wrms(v: Float[Array, " n"], weights: Float[Array, " n"]) -> Float[Array, ""]
     return jnp.sqrt(jnp.mean((v * weights) ** 2))
 
 
-def grouped_wrms(v: Float[Array, " n"], weights: Float[Array, " n"], groups: int) -> Float[Array, ""]:
+def grouped_wrms(v: Float[Array, " n"], weights: Float[Array, " n"],
+                 groups: int) -> Float[Array, ""]:
     """The largest `wrms` over `groups` equal consecutive blocks of v: the norm of k
     problems integrated as one (the adjoint's k cotangent directions), so that each is
     held to its own tolerance — IDAS's norm over sensitivities is the same maximum."""
@@ -145,5 +146,5 @@ def error_weights(y, rtol, atol):
 
 
 __all__ = ["MAXORD", "NPHI", "set_coefficients", "scale_history", "predict",
-           "complete_history", "derivative_weights", "interpolation_weights", "interpolate", "wrms", "grouped_wrms",
-           "error_weights"]
+           "complete_history", "derivative_weights", "interpolation_weights", "interpolate",
+           "wrms", "grouped_wrms", "error_weights"]
