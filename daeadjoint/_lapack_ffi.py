@@ -129,21 +129,22 @@ def _compile(char: str):
         return words[_DATA], words[_RANK], words[_DIMS]
 
     @jit
-    def matrices(rank, dims_address):
-        """(batch size, n, w) of a (…, n, w) buffer."""
+    def matrix_operands(frame):
+        """The operands both handlers start with: the params [l, u, trans] and a batch of
+        (…, n, w) band matrices, as (params, data address, batch size, n, w)."""
+        params = as_i32(buffer(frame, _ARGS, 0)[0])
+        data, rank, dims_address = buffer(frame, _ARGS, 1)
         dims = as_i64(dims_address)
         batch = 1
         for k in range(rank - 2):
             batch *= dims[k]
-        return batch, dims[rank - 2], dims[rank - 1]
+        return params, data, batch, dims[rank - 2], dims[rank - 1]
 
     @numba.cfunc(types.intp(types.intp), nopython=True)
     def factor(frame):
         if answer_metadata(frame):
             return 0
-        params = as_i32(buffer(frame, _ARGS, 0)[0])
-        band_data, rank, dims = buffer(frame, _ARGS, 1)
-        batch, n, w = matrices(rank, dims)
+        params, band_data, batch, n, w = matrix_operands(frame)
         band = carray(as_real(band_data), (batch * n * w,))
         lu = carray(as_real(buffer(frame, _RETS, 0)[0]), (batch * n * w,))
         ipiv = carray(as_i32(buffer(frame, _RETS, 1)[0]), (batch * n,))
@@ -172,9 +173,7 @@ def _compile(char: str):
     def solve(frame):
         if answer_metadata(frame):
             return 0
-        params = as_i32(buffer(frame, _ARGS, 0)[0])
-        lu_data, rank, dims = buffer(frame, _ARGS, 1)
-        batch, n, w = matrices(rank, dims)
+        params, lu_data, batch, n, w = matrix_operands(frame)
         rhs_data, rhs_rank, rhs_dims = buffer(frame, _ARGS, 3)
         size = 1
         for k in range(rhs_rank):
