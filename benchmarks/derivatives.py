@@ -22,7 +22,10 @@ b. **Hessian-vector product ÷ gradient** of a scalar loss: `jax.jvp(jax.grad(L)
 c. **Forward-sensitivity cost per direction ÷ forward cost** on Robertson (t1 = 4e10,
    12 outputs): (t(jvp with k directions) − t(forward)) / k / t(forward), directions
    batched by `jax.vmap` of `jax.jvp` (random directions in p-space); full and partial
-   error control (`ForwardSensitivity(error_control=...)`); goal ≤ 0.5.
+   error control (`ForwardSensitivity(error_control=...)`); goal ≤ 0.5. The peer:
+   casadi's IDAS, forward directional derivatives along the same directions (casadi
+   integrates them as one augmented DAE, every component in the error test), divided
+   by casadi's own forward.
 d. **The default gradient vs the number of observations** on R6 Barnes (as in
    `gradients.py` part 3, but `sensitivity=None`, the default: the continuous `Adjoint()`
    up to 32 output times, `DiscreteAdjoint()` above): t(grad, n_o = 2400) ÷
@@ -227,32 +230,51 @@ def part_c(repeats: int, ks) -> list[dict]:
         f = lambda p, fs=fs: robertson_outputs(p, forward_sensitivity=fs)  # noqa: E731
         fns = {"fwd": jax.jit(_aux0(f))}
         for k in ks:
-            V = jnp.asarray(np.random.default_rng(k).standard_normal((k, 3))) * ROB_P
-            fns[k] = jax.jit(_aux0(lambda p, V=V, f=f: jax.vmap(
+            fns[k] = jax.jit(_aux0(lambda p, V=_directions(k), f=f: jax.vmap(
                 lambda v: jax.jvp(f, (p,), (v,))[1])(V)))
         with OtherLoad() as load:
             r = time_jitted(fns, ROB_P, repeats)
         for k in ks:
-            rows.append(dict(ec=ec, k=k, fwd=r["fwd"], jvp=r[k], load=load.cores))
+            rows.append(dict(solver="daeadjoint", ec=ec, k=k, fwd=r["fwd"], jvp=r[k],
+                             load=load.cores))
         print(f"<!-- c: error_control={ec} done -->", flush=True)
+    # The peer: casadi's IDAS, same directions, its own forward as the reference.
+    fns, failed = {"fwd": casadi_directional(None)}, {}
+    for k in ks:
+        try:
+            fns[k] = casadi_directional(_directions(k))
+        except Exception as e:  # noqa: BLE001 - a failing peer must not stop the report
+            # casadi's own message ends its chain of call sites
+            failed[k] = dict(error=str(e).strip().splitlines()[-1][:200])
+    with OtherLoad() as load:
+        r = time_jitted(fns, ROB_P, repeats)
+    for k in ks:
+        rows.append(dict(solver="casadi IDAS", ec=True, k=k, fwd=r["fwd"],
+                         jvp=failed.get(k) or r[k], load=load.cores))
     return rows
+
+
+def _directions(k: int):
+    """k random directions in p-space, scaled by p (relative perturbations)."""
+    return jnp.asarray(np.random.default_rng(k).standard_normal((k, 3))) * ROB_P
 
 
 def print_part_c(rows) -> None:
     print("## c. Forward-sensitivity cost per direction ÷ forward cost, Robertson t1 = 4e10 "
           "(goal ≤ 0.5)\n")
-    print("| error control | k directions | fwd s | jvp (k directions) s | jvp / fwd "
+    print("| solver | error control | k directions | fwd s | jvp (k directions) s | jvp / fwd "
           "| **(jvp − fwd) / k / fwd** | other cores busy |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         f, j = r["fwd"], r["jvp"]
-        if "error" in j:
-            per = j["error"]
+        if "error" in j or "error" in f:
+            per = j.get("error") or f.get("error")
         else:
             per = (f"{(j['wall_s'] - f['wall_s']) / r['k'] / f['wall_s']:.2f} "
                    f"({(j['min_s'] - f['min_s']) / r['k'] / f['min_s']:.2f})")
-        print(f"| {'full' if r['ec'] else 'partial'} | {r['k']} | {_fmt(f.get('wall_s'), '.4f')} "
-              f"| {_fmt(j.get('wall_s'), '.4f')} | {_ratio(j, f)} | **{per}** | {r['load']:.2f} |")
+        print(f"| {r['solver']} | {'full' if r['ec'] else 'partial'} | {r['k']} "
+              f"| {_fmt(f.get('wall_s'), '.4f')} | {_fmt(j.get('wall_s'), '.4f')} "
+              f"| {_ratio(j, f)} | **{per}** | {r['load']:.2f} |")
     print()
 
 
@@ -302,22 +324,39 @@ def print_part_d(rows) -> None:
 
 
 # --------------------------------------------------------------------------- e. peers
-def casadi_jacobian():
-    """IDAS forward sensitivities through casadi: d(outputs)/dp of its integrator."""
+def _casadi_integrator(directions=None):
+    """casadi's IDAS integrator of Robertson; with `directions` (k, 3) in p-space, set up
+    for k forward directional derivatives. casadi integrates those as an augmented DAE
+    (state and k sensitivity copies) which needs its own consistent x'(0) and atol: with
+    s(0) = 0, s_i'(0) = (∂f/∂p) v_i at y0 = (1, 0, 0), i.e. (−v_i1, v_i1); the state's
+    atol repeated for each direction."""
     opts = dict(reltol=ROB.rtol, abstolv=list(np.asarray(ROB.atol)), max_num_steps=MAX_STEPS,
                 init_xdot=list(ROB.yp0(ROB.args)[ROB.diff_idx]))
-    # The sensitivity (augmented) integrator needs its own consistent x'(0): (x', s1',
-    # s2', s3') with s(0) = 0, so s_j'(0) = ∂f/∂p_j at y0 = (1, 0, 0): (−1, 1), 0, 0; and
-    # its own atol (state's, repeated for each direction).
-    aug_xdot = opts["init_xdot"] + [-1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
-    atol_x, atol_z = list(np.asarray(ROB.atol)[:2]), list(np.asarray(ROB.atol)[2:])
-    opts["augmented_options"] = dict(init_xdot=aug_xdot, abstolv=atol_x * 4 + atol_z * 4)
+    if directions is not None:
+        k = len(directions)
+        aug_xdot = opts["init_xdot"] + [c for v in directions for c in (-v[0], v[0])]
+        atol_x, atol_z = list(np.asarray(ROB.atol)[:2]), list(np.asarray(ROB.atol)[2:])
+        opts["augmented_options"] = dict(init_xdot=aug_xdot,
+                                         abstolv=atol_x * (k + 1) + atol_z * (k + 1))
     F = ca.integrator("F", "idas", problems.casadi_dae(ROB), ROB.t0, ROB.ts, opts)
     p = ca.MX.sym("p", 3)
     out = F(x0=ROB.y0[ROB.diff_idx], z0=ROB.y0[ROB.alg_idx], p=p)
-    ys = ca.vertcat(out["xf"], out["zf"])           # (3, 12): y1, y2, y3 at the outputs
-    J = ca.Function("J", [p], [ca.jacobian(ca.vec(ys), p)])
+    return p, ca.vec(ca.vertcat(out["xf"], out["zf"]))  # y1, y2, y3 at the 12 outputs
+
+
+def casadi_jacobian():
+    """IDAS forward sensitivities through casadi: d(outputs)/dp of its integrator."""
+    p, ys = _casadi_integrator(np.eye(3))
+    J = ca.Function("J", [p], [ca.jacobian(ys, p)])
     return lambda: np.asarray(J(ROB.args))
+
+
+def casadi_directional(V):
+    """casadi IDAS: p -> (outputs, or with V (k, 3) their k directional derivatives)."""
+    p, ys = _casadi_integrator(None if V is None else np.asarray(V))
+    out = ys if V is None else ca.jtimes(ys, p, ca.DM(np.asarray(V).T))
+    f = ca.Function("f", [p], [out])
+    return lambda _: (np.asarray(f(ROB.args)), 0)
 
 
 def diffrax_fns(t1, ts, max_steps):
@@ -415,8 +454,10 @@ def main():
     parser.add_argument("--quick", action="store_true",
                         help="2 repeats, fewer sizes, no full Hessians or diffrax Hessians")
     parser.add_argument("--parts", default="abcde")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="warm repeats per function (default 5, --quick 2)")
     args = parser.parse_args()
-    repeats = 2 if args.quick else 5
+    repeats = args.repeats or (2 if args.quick else 5)
     start = time.perf_counter()
     print(f"<!-- {time.strftime('%Y-%m-%d %H:%M')}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, jax {jax.__version__}, diffrax {diffrax.__version__}, "

@@ -35,7 +35,7 @@ from ._events import Event, EventState, search_step
 from ._forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
                                    sensitivity_corrector)
 from ._initialization import violated
-from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR, maybe_update,
+from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR,
                       newton_solve, tree_where)
 from ._results import RESULTS
 
@@ -111,6 +111,7 @@ class State(eqx.Module):
     cj_old: Float[Array, ""]     # cj at the last Jacobian setup
     ss: Float[Array, ""]         # Newton convergence-rate factor S
     ss_sens: Float[Array, ""]    # the same for the sensitivities' corrector (IDAS ssS)
+    new_matrix: Bool[Array, ""]  # attempt the next step with J rebuilt (see attempt_step)
     lin_state: Any
     jac_point: tuple             # (t, y, yp) where lin_state was built (hot restarts)
     nef: Int[Array, ""]          # error-test failures in the current step
@@ -178,7 +179,8 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
         t=jnp.asarray(t0, dtype), h=h0, h_used=jnp.zeros((), dtype), k=izero + 1,
         k_used=izero, ns=izero, phase=izero, phi=phi, phiq=phiq, phis=phis, phiqs=phiqs,
         psi=jnp.zeros((NPHI,), dtype).at[0].set(h0), cj=1 / h0, cj_old=1 / h0,
-        ss=jnp.asarray(20.0, dtype), ss_sens=jnp.asarray(20.0, dtype), lin_state=lin_state,
+        ss=jnp.asarray(20.0, dtype), ss_sens=jnp.asarray(20.0, dtype),
+        new_matrix=jnp.zeros((), bool), lin_state=lin_state,
         jac_point=(jnp.asarray(t0, dtype), y0, yp0), nef=izero, ncf=izero,
         stats=stats, result=RESULTS.successful,
     )
@@ -234,7 +236,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     cj_old = jnp.where(first, cj, s.cj_old)
     ss = jnp.where(first, 20.0, s.ss)
     ratio = cj / cj_old
-    setup = first | (ratio < 0.6) | (ratio > 1.0 / 0.6)
+    setup = first | (ratio < 0.6) | (ratio > 1.0 / 0.6) | s.new_matrix
     ss = jnp.where(cj != s.cj, 100.0, ss)
     if problem.reset_newton_rate:
         ss = jnp.full_like(ss, 100.0)
@@ -265,7 +267,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     y = y_pred + ee
     yp = yp_pred + cj * ee
     lin_state, jac_point, cj_old_new = nw.lin_state, nw.jac_point, nw.cj_old
-    extra_res = extra_jac = jnp.zeros((), jnp.int32)
+    extra_res = jnp.zeros((), jnp.int32)
+    redo = jnp.zeros((), bool)
     ss_sens = s.ss_sens
     lin_stats = dict(nw.linear_stats)
 
@@ -281,18 +284,15 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         ss_s = jnp.where(first | (nw.num_jacobian_evals > 0), 20.0, s.ss_sens)
         ss_s = jnp.where(cj != s.cj, 100.0, ss_s)
         sc = sensitivity_corrector(problem, sens, t_new, y, yp, cj, s_pred, sp_pred, ewt_s,
-                                   lin_state, jac_point, cj_old_new, ss_s)
+                                   lin_state, cj_old_new, ss_s)
         ss_sens = sc.ss
         corr["s"] = sc.ee
+        # Sensitivities not converged with a J from an earlier step: redo the step, same
+        # h and order, with J rebuilt — IDAS's staggered solver calls lsetup and iterates
+        # again within the step; redoing it keeps the loop body free of control flow.
+        redo = converged & ~sc.converged & (nw.num_jacobian_evals == 0)
         converged = converged & sc.converged
-        # A rebuilt J (after a failed sensitivity iteration) only replaces the state's if
-        # the state corrector converged; otherwise the step is redone anyway.
-        use = nw.converged
-        lin_state = maybe_update(use & (sc.num_jacobian_evals > 0), lambda: sc.lin_state,
-                                 lin_state)
-        jac_point = tree_where(use, sc.jac_point, jac_point)
-        cj_old_new = jnp.where(use, sc.cj_old, cj_old_new)
-        extra_res, extra_jac = sc.num_residual_evals, sc.num_jacobian_evals
+        extra_res = sc.num_residual_evals
         lin_stats = {name: lin_stats[name] + sc.linear_stats[name] for name in lin_stats}
         if "sq" in parts:
             qs_rate = quadrature_sensitivities(problem, sens, t_new, y, yp, s_pred + sc.ee,
@@ -336,14 +336,15 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     h_acc = jnp.where(in_phase0, jnp.where(nst > 1, 2.0 * h, h), h_sel)
 
     # --- rejected: IDAHandleNFlag ------------------------------------------------------
-    conv_fail = ~converged
-    nef = s.nef + (~conv_fail).astype(jnp.int32)
+    conv_fail = ~converged & ~redo
+    error_fail = converged & ~passed
+    nef = s.nef + error_fail.astype(jnp.int32)
     ncf = s.ncf + conv_fail.astype(jnp.int32)
     err_knew_f = jnp.where(knew == k, err_k, err_km1)
     eta_ef1 = jnp.clip(0.9 * (2.0 * err_knew_f + 1e-4) ** (-1.0 / (knew + 1)), ETA_MIN_EF, ETA_LOW)
     eta_fail = jnp.where(conv_fail, jnp.where(constraint_fail, eta_constraint, ETA_CF),
-                         jnp.where(nef == 1, eta_ef1, ETA_MIN_EF))
-    k_fail = jnp.where(conv_fail, k, jnp.where(nef >= 3, 1, knew))
+                         jnp.where(redo, 1.0, jnp.where(nef == 1, eta_ef1, ETA_MIN_EF)))
+    k_fail = jnp.where(conv_fail | redo, k, jnp.where(nef >= 3, 1, knew))
     at_min_step = h <= problem.min_step * (1 + 4 * uround)
     h_fail = jnp.maximum(h * eta_fail, problem.min_step)
     # On the very first step φ_1 = h y'_0 and ψ_0 = h are rescaled with h (IDAS IDAReset).
@@ -354,7 +355,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     # --- assemble ------------------------------------------------------------------------
     st = dict(s.stats)
     st["num_residual_evals"] = st["num_residual_evals"] + nw.num_residual_evals
-    st["num_jacobian_evals"] = st["num_jacobian_evals"] + nw.num_jacobian_evals + extra_jac
+    st["num_jacobian_evals"] = st["num_jacobian_evals"] + nw.num_jacobian_evals
     st["num_nonlinear_iters"] = st["num_nonlinear_iters"] + nw.num_iters
     for name, count in lin_stats.items():
         st[name] = st[name] + count
@@ -363,7 +364,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     if sens is not None:
         st["num_sensitivity_residual_evals"] = st["num_sensitivity_residual_evals"] + extra_res
     st["num_steps"] = jnp.where(passed, nst, s.stats["num_steps"])
-    st["num_error_test_failures"] = st["num_error_test_failures"] + (converged & ~passed)
+    st["num_error_test_failures"] = st["num_error_test_failures"] + error_fail
     st["num_nonlinear_convergence_failures"] = st["num_nonlinear_convergence_failures"] + conv_fail
 
     h_next = jnp.where(passed, h_acc, h_fail)
@@ -377,7 +378,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
                         W(nw.fail_kind == FAIL_LINEAR, RESULTS.linear_solver_failures,
                           RESULTS.convergence_failures))))
     result = W(gave_up_conv, conv_result,
-               W(~conv_fail & ~passed & ((nef >= MAX_ERROR_TEST_FAILS) | at_min_step),
+               W(error_fail & ((nef >= MAX_ERROR_TEST_FAILS) | at_min_step),
                  RESULTS.error_test_failures, RESULTS.successful))
     # A step size driven to underflow by NaN residuals is a domain error (the solution
     # reached the edge of the residual's domain, e.g. sqrt of a state going negative).
@@ -394,15 +395,16 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     accepted_state = State(
         t=t_new, h=h_acc, h_used=h, k=k_acc, k_used=k, ns=co["ns"], phase=phase,
         phi=new_hist["y"], phiq=new_hist["q"], phis=new_hist["s"], phiqs=new_hist["sq"],
-        psi=co["psi"], cj=cj, cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens, lin_state=lin_state,
+        psi=co["psi"], cj=cj, cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens,
+        new_matrix=jnp.zeros((), bool), lin_state=lin_state,
         jac_point=jac_point, nef=jnp.zeros_like(nef), ncf=jnp.zeros_like(ncf), stats=st, result=result,
     )
     rejected_state = State(
         t=s.t, h=h_fail, h_used=s.h_used, k=k_fail, k_used=s.k_used, ns=co["ns"],
-        phase=jnp.ones_like(phase), phi=hist_fail["y"], phiq=hist_fail["q"],
+        phase=jnp.where(redo, s.phase, jnp.ones_like(phase)), phi=hist_fail["y"], phiq=hist_fail["q"],
         phis=hist_fail["s"], phiqs=hist_fail["sq"], psi=jnp.where(first, s.psi.at[0].set(h_fail), s.psi), cj=cj,
-        cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens, lin_state=lin_state, jac_point=jac_point,
-        nef=jnp.where(conv_fail, s.nef, nef),
+        cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens, new_matrix=redo, lin_state=lin_state,
+        jac_point=jac_point, nef=jnp.where(conv_fail, s.nef, nef),
         ncf=ncf, stats=st, result=result,
     )
     # Both outcomes share the Newton's factorization: select everything else, not the
