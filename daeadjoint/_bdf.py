@@ -71,7 +71,7 @@ def predict(phi, gamma, k):
     """Predictor: y_(0) = Σ_{j≤k} φ_j,  y'_(0) = Σ_{1≤j≤k} γ_j φ_j."""
     w_y = (_ORDERS <= k).astype(phi.dtype)
     w_yp = jnp.where((_ORDERS >= 1) & (_ORDERS <= k), gamma, 0.0)
-    return jnp.tensordot(w_y, phi, 1), jnp.tensordot(w_yp, phi, 1)
+    return jnp.sum(_rows(w_y, phi) * phi, axis=0), jnp.sum(_rows(w_yp, phi) * phi, axis=0)
 
 
 def complete_history(phi, ee, k_used):

@@ -226,7 +226,8 @@ def factored_solve(state, rhs, transpose: bool = False):
     """J x = rhs, or Jᵀ x = rhs, with the factors of `factor`."""
     if len(state) == 2:
         inverse, _ = state
-        return (inverse.T if transpose else inverse) @ rhs
+        inverse = inverse.T if transpose else inverse
+        return jnp.sum(inverse * rhs[..., None, :], axis=-1)
     lu_state, d, _ = state
     solver = lx.LU()
     if transpose:   # Jᵀ = J_sᵀ D⁻¹ ⇒ x = D J_s⁻ᵀ rhs
