@@ -245,7 +245,7 @@ def part_c(repeats: int, ks) -> list[dict]:
             fns[k] = casadi_directional(_directions(k))
         except Exception as e:  # noqa: BLE001 - a failing peer must not stop the report
             # casadi's own message ends its chain of call sites
-            failed[k] = dict(error=str(e).strip().splitlines()[-1][:200])
+            failed[k] = dict(error=str(e).strip().splitlines()[-1].split(". ")[0])
     with OtherLoad() as load:
         r = time_jitted(fns, ROB_P, repeats)
     for k in ks:

@@ -10,6 +10,7 @@ the last successful step, h_used its size, ns the number of steps taken at const
 step size and order.
 """
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -59,18 +60,59 @@ def _rows(weights, like):
     return weights.reshape((NPHI,) + (1,) * (like.ndim - 1))
 
 
+# A history is either one array (6, ...) or a tuple of its 6 rows. XLA's CPU runtime
+# runs a loop body's operations one after another only while every buffer they touch is
+# at most 512 bytes, and otherwise as a dataflow graph on its thread pool, at about
+# twice the cost per step for small systems. A forward-sensitivity history (6, k, n)
+# crosses that at k·n > 10 (Robertson with 4 directions), its rows only at k·n > 64; in
+# between it is kept as rows (`history_layout`). Otherwise one array is cheaper: one
+# operation instead of six.
+SEQUENTIAL_BYTES = 512
+
+
+def history_layout(phi):
+    """`phi` (6, ...) as rows where only that keeps it under `SEQUENTIAL_BYTES`."""
+    row_bytes = phi[0].size * phi.dtype.itemsize
+    return tuple(phi) if row_bytes * NPHI > SEQUENTIAL_BYTES >= row_bytes else phi
+
+
+def history_row(phi, i):
+    """φ_i for a traced i (clipped to 0..5)."""
+    i = jnp.clip(i, 0, NPHI - 1)
+    if isinstance(phi, tuple):
+        return jax.lax.select_n(i, *phi)
+    return phi[i]
+
+
+def update_row(phi, i: int, fn):
+    """The history with row i (static) replaced by fn(φ_i)."""
+    if isinstance(phi, tuple):
+        return phi[:i] + (fn(phi[i]),) + phi[i + 1:]
+    return phi.at[i].set(fn(phi[i]))
+
+
+def stacked(phi):
+    """The history as one (6, ...) array."""
+    return jnp.stack(phi) if isinstance(phi, tuple) else phi
+
+
 def scale_history(phi, beta, ns, k):
     """φ_i ← β_i φ_i for ns ≤ i ≤ k: the divided differences re-expressed for the new
     step size (IDAS's φ*). `phi` is (6, ...): the state's (6, n), or the sensitivities'
-    (6, k_dir, n)."""
+    (6, k_dir, n) as a tuple of rows."""
     scale = jnp.where((_ORDERS >= ns) & (_ORDERS <= k), beta, 1.0)
+    if isinstance(phi, tuple):
+        return tuple(scale[i] * row for i, row in enumerate(phi))
     return phi * _rows(scale, phi)
 
 
 def predict(phi, gamma, k):
     """Predictor: y_(0) = Σ_{j≤k} φ_j,  y'_(0) = Σ_{1≤j≤k} γ_j φ_j."""
-    w_y = (_ORDERS <= k).astype(phi.dtype)
+    w_y = (_ORDERS <= k).astype(gamma.dtype)
     w_yp = jnp.where((_ORDERS >= 1) & (_ORDERS <= k), gamma, 0.0)
+    if isinstance(phi, tuple):
+        return (sum(w_y[i] * row for i, row in enumerate(phi)),
+                sum(w_yp[i] * row for i, row in enumerate(phi)))
     return jnp.sum(_rows(w_y, phi) * phi, axis=0), jnp.sum(_rows(w_yp, phi) * phi, axis=0)
 
 
@@ -78,6 +120,14 @@ def complete_history(phi, ee, k_used):
     """IDAS `IDACompleteStep` history update after an accepted step with correction ee:
     φ_{k+1} ← ee (kept for the order-raise estimate), φ_k ← φ_k + ee, then
     φ_j ← φ_j + φ_{j+1} for j = k−1..0 (a reverse cumulative sum over rows 0..k)."""
+    if isinstance(phi, tuple):
+        rows = [row + jnp.where(i == k_used, ee, 0.0) for i, row in enumerate(phi)]
+        total, out = 0.0, [None] * NPHI
+        for i in reversed(range(NPHI)):
+            total = total + jnp.where(i <= k_used, rows[i], 0.0)
+            out[i] = jnp.where(i <= k_used, total, rows[i])
+        return tuple(jnp.where((i == k_used + 1) & (k_used < MAXORD), ee, row)
+                     for i, row in enumerate(out))
     rows = _rows(_ORDERS, phi)
     phi = phi + jnp.where(rows == k_used, ee[None], 0.0)
     low = jnp.where(rows <= k_used, phi, 0.0)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from ._bdf import error_weights, wrms
+from ._bdf import error_weights, update_row, wrms
 from ._consistency import consistency_solve, consistent_values, initial_sensitivities
 from ._events import Event, EventState, event_tangents
 from ._forward_sensitivity import (ForwardSensitivity, SensitivityProblem, direction_scale,
@@ -238,7 +238,7 @@ def run(config: Config, inputs: Inputs, record: bool = False,
     h0 = jnp.where(result0 == RESULTS.successful, h0, 1.0)
     state = initial_state(problem, t0, y0, yp0, h0, s0, sp0, qsp0)
     if sens is not None:
-        state = eqx.tree_at(lambda z: z.phiqs, state, state.phiqs.at[0].set(qs0))
+        state = eqx.tree_at(lambda z: z.phiqs, state, update_row(state.phiqs, 0, lambda _: qs0))
     state = eqx.tree_at(lambda z: z.result, state, result0)
     outputs = Outputs.create(saveat, n, qp0.shape[0], k, config.order, dtype)
     outputs = jax.lax.cond(result0 == RESULTS.successful, lambda: write_outputs(state, outputs),

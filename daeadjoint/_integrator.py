@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from ._bdf import (MAXORD, NPHI, complete_history, derivative_weights, error_weights,
-                   grouped_wrms, interpolate, interpolation_weights, predict,
-                   scale_history, set_coefficients, wrms)
+                   grouped_wrms, history_layout, history_row, interpolate, interpolation_weights, predict,
+                   scale_history, set_coefficients, stacked, update_row, wrms)
 from ._events import Event, EventState, search_step
 from ._forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
                                    sensitivity_corrector)
@@ -104,8 +104,8 @@ class State(eqx.Module):
     phase: Int[Array, ""]        # 0 during the initial order-raising phase
     phi: Float[Array, "6 n"]
     phiq: Float[Array, "6 nq"]
-    phis: Float[Array, "6 k n"]  # forward sensitivities' history (k = 0 without them)
-    phiqs: Float[Array, "6 k nq"]
+    phis: Any                    # forward sensitivities' history (6, k, n), k = 0 without
+    phiqs: Any                   # them; or its 6 rows (see _bdf.history_layout)
     psi: Float[Array, "6"]
     cj: Float[Array, ""]
     cj_old: Float[Array, ""]     # cj at the last Jacobian setup
@@ -166,6 +166,7 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
     if k:
         phis = phis.at[0].set(s0).at[1].set(h0 * sp0)
         phiqs = phiqs.at[1].set(h0 * qsp0)
+    phis, phiqs = history_layout(phis), history_layout(phiqs)
     lin_shape = jax.eval_shape(
         lambda: problem.linear_solver.setup(problem.residual, t0, y0, yp0, 1 / h0, problem.args))
     lin_state = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), lin_shape)
@@ -304,10 +305,10 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     enorm_k = err_norm(corr)
     err_k = _at(sigma, k) * enorm_k
     terr_k = (k + 1) * err_k
-    d1 = {p: _at(hist[p], k) + corr[p] for p in parts}
+    d1 = {p: history_row(hist[p], k) + corr[p] for p in parts}
     err_km1 = _at(sigma, k - 1) * err_norm(d1)
     terr_km1 = k * err_km1
-    d2 = {p: d1[p] + _at(hist[p], k - 1) for p in parts}
+    d2 = {p: d1[p] + history_row(hist[p], k - 1) for p in parts}
     err_km2 = _at(sigma, k - 2) * err_norm(d2)
     terr_km2 = (k - 1) * err_km2
     lower = jnp.where(k > 2, jnp.maximum(terr_km1, terr_km2) <= terr_k,
@@ -320,7 +321,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     kdiff = k - s.k_used
     top = jnp.minimum(problem.max_order, MAXORD)
     phase = jnp.where((knew == k - 1) | (k >= top), 1, s.phase)
-    err_kp1 = err_norm({p: corr[p] - _at(hist[p], k + 1) for p in parts}) / (k + 2)
+    err_kp1 = err_norm({p: corr[p] - history_row(hist[p], k + 1) for p in parts}) / (k + 2)
     terr_kp1 = (k + 2) * err_kp1
     hold = (k >= top) | (k + 1 >= co["ns"]) | (kdiff == 1)
     act_lower = (knew == k - 1) | (~hold & (k > 1) & (terr_km1 <= jnp.minimum(terr_k, terr_kp1)))
@@ -350,7 +351,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     # On the very first step φ_1 = h y'_0 and ψ_0 = h are rescaled with h (IDAS IDAReset).
     rescale = jnp.where(first, eta_fail, 1.0)
     hist_fail = dict(source)
-    hist_fail.update({p: source[p].at[1].multiply(rescale) for p in parts})
+    hist_fail.update({p: update_row(source[p], 1, lambda row: row * rescale) for p in parts})
 
     # --- assemble ------------------------------------------------------------------------
     st = dict(s.stats)
@@ -499,9 +500,9 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
         if o.qs is not None and o.qs.size:
             new["qs"] = put(o.qs, w[:, 0] @ s.phiq)
         if o.sd is not None and o.sd.size:
-            new["sd"] = put(o.sd, jnp.einsum("bmj,jkn->bkmn", w, s.phis))
+            new["sd"] = put(o.sd, jnp.einsum("bmj,jkn->bkmn", w, stacked(s.phis)))
         if o.qsd is not None and o.qsd.size:
-            new["qsd"] = put(o.qsd, jnp.einsum("bj,jkn->bkn", w[:, 0], s.phiqs))
+            new["qsd"] = put(o.qsd, jnp.einsum("bj,jkn->bkn", w[:, 0], stacked(s.phiqs)))
         return dataclasses.replace(o, **new)
 
     out = write_block(out)   # the outer loop runs when an output is due: no cond
