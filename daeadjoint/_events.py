@@ -140,7 +140,8 @@ def search_step(event: Event, args, s, es: EventState, order: int) -> EventState
         es_ = eqx.tree_at(
             lambda e: (e.t, e.yd, e.sd, e.mask, e.count, e.t_lo, e.g_lo, e.stopped), es_,
             (es_.t.at[i].set(root), es_.yd.at[i].set(w @ s.phi),
-             es_.sd.at[i].set(jnp.einsum("mj,jkn->kmn", w, stacked(s.phis))), es_.mask.at[i].set(mask),
+             es_.sd.at[i].set(jnp.einsum("mj,jkn->kmn", w, stacked(s.phis))),
+             es_.mask.at[i].set(mask),
              # Past a root the reference sign is the new one: g at the bracket's upper end.
              es_.count + 1, root, g_at(root), jnp.asarray(event.terminal)))
         return es_, root, mask

@@ -29,8 +29,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from ._bdf import (MAXORD, NPHI, complete_history, derivative_weights, error_weights,
-                   grouped_wrms, history_layout, history_row, interpolate, interpolation_weights, predict,
-                   scale_history, set_coefficients, stacked, update_row, wrms)
+                   grouped_wrms, history_layout, history_row, interpolate,
+                   interpolation_weights, predict, scale_history, set_coefficients, stacked,
+                   update_row, wrms)
 from ._events import Event, EventState, search_step
 from ._forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
                                    sensitivity_corrector)
