@@ -99,7 +99,7 @@ def stacked(phi):
 def scale_history(phi, beta, ns, k):
     """φ_i ← β_i φ_i for ns ≤ i ≤ k: the divided differences re-expressed for the new
     step size (IDAS's φ*). `phi` is (6, ...): the state's (6, n), or the sensitivities'
-    (6, k_dir, n) as a tuple of rows."""
+    (6, k_dir, n), either one array or a tuple of its rows (`history_layout`)."""
     scale = jnp.where((_ORDERS >= ns) & (_ORDERS <= k), beta, 1.0)
     if isinstance(phi, tuple):
         return tuple(scale[i] * row for i, row in enumerate(phi))

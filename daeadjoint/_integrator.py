@@ -105,8 +105,10 @@ class State(eqx.Module):
     phase: Int[Array, ""]        # 0 during the initial order-raising phase
     phi: Float[Array, "6 n"]
     phiq: Float[Array, "6 nq"]
-    phis: Any                    # forward sensitivities' history (6, k, n), k = 0 without
-    phiqs: Any                   # them; or its 6 rows (see _bdf.history_layout)
+    # Forward sensitivities' history (k = 0 without them): one array, or its 6 rows
+    # where that keeps every buffer under XLA's 512 bytes (see _bdf.history_layout).
+    phis: Float[Array, "6 k n"] | tuple[Float[Array, "k n"], ...]
+    phiqs: Float[Array, "6 k nq"] | tuple[Float[Array, "k nq"], ...]
     psi: Float[Array, "6"]
     cj: Float[Array, ""]
     cj_old: Float[Array, ""]     # cj at the last Jacobian setup
