@@ -127,7 +127,7 @@ class AdjointSolver(AbstractLinearSolver):
     directions (μ_i, λ_i) stacked: the matrix is block diagonal, one factorization."""
 
     inner: AbstractLinearSolver
-    residual: Callable                 # F(t, y, y', args) of the forward problem
+    terms: "_Terms"                    # the forward problem's residual
     n: int = eqx.field(static=True)
     k: int = eqx.field(static=True, default=1)
 
@@ -135,11 +135,18 @@ class AdjointSolver(AbstractLinearSolver):
     def stat_names(self) -> tuple:
         return self.inner.stat_names
 
+    @property
+    def residual(self) -> Callable:
+        return self.terms.F
+
     def setup(self, residual, s, Z, Zs, cj, aargs):
-        buf, _, args, t_r = aargs
+        buf, _, p, t_r = aargs
         t = t_r - s
         y, yp = buf.evaluate(t)
-        return self.inner.setup(self.residual, t, y, yp, cj, args), (t, y, yp, cj, args)
+        # The forward solver is set up with the forward residual and the args it was
+        # configured for (a user Jacobian or preconditioner receives the user's args).
+        inner = self.inner.setup(self.terms.residual, t, y, yp, cj, self.terms.args(p))
+        return inner, (t, y, yp, cj, p)
 
     def solve(self, state, g, *, transpose=False, weights=None, operator=None):
         inner_state, (t, y, yp, cj, args) = state
@@ -182,8 +189,12 @@ class _Terms(eqx.Module):
     unravel: Callable
     npar: int = eqx.field(static=True)
 
+    def args(self, p):
+        """The forward problem's args with the differentiated part p."""
+        return eqx.combine(self.unravel(p), self.static)
+
     def F(self, t, y, yp, p):
-        return self.residual(t, y, yp, eqx.combine(self.unravel(p), self.static))
+        return self.residual(t, y, yp, self.args(p))
 
     def Q(self, t, y, yp, p):
         return self.quadrature(t, y, yp, eqx.combine(self.unravel(p), self.static))
@@ -234,7 +245,7 @@ def adjoint_problem(terms: _Terms, linear_solver, n, k, algebraic, buf, w, p, rt
     one = jnp.concatenate([jnp.ones((n,), dtype), jnp.where(algebraic, 0.0, 1.0).astype(dtype)])
     return Problem(
         residual=residual, quadrature=quadrature if npar else None,
-        linear_solver=AdjointSolver(inner=linear_solver, residual=terms.F, n=n, k=k),
+        linear_solver=AdjointSolver(inner=linear_solver, terms=terms, n=n, k=k),
         args=(buf, w, p, t_r), rtol=rtol, atol=jnp.full((2 * n * k,), atol, dtype),
         error_mask=jnp.tile(one, k), quad_rtol=rtol, quad_atol=jnp.full((npar * k,), atol, dtype),
         quad_error_control=quad_error_control and npar > 0, tstop=s_stop,

@@ -33,6 +33,7 @@ from jax.flatten_util import ravel_pytree
 
 from ._bdf import NPHI, complete_history, derivative_weights, predict, scale_history, set_coefficients
 from ._integrator import CheckpointRecorder, StepLog
+from ._linear_solver import SetupWithArgs
 from ._events import observations
 from ._results import RESULTS, succeeded
 
@@ -141,9 +142,14 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
     # else non-array is closed over (custom_jvp functions may close over no tracers).
     pst_arrays, pst_static = eqx.partition(pst, eqx.is_array)
 
-    def F(t, y, yp, args):
+    def full_args(args):
         p, st = args
-        return config.residual(t, y, yp, eqx.combine(unravel(p), st, pst_static))
+        return eqx.combine(unravel(p), st, pst_static)
+
+    def F(t, y, yp, args):
+        return config.residual(t, y, yp, full_args(args))
+
+    solver = SetupWithArgs(solver, config.residual, full_args)
 
     def Q(t, y, yp, p):
         if config.quadrature is None:

@@ -99,6 +99,47 @@ class AbstractLinearSolver(eqx.Module):
         return self
 
 
+class SetupWithArgs(AbstractLinearSolver):
+    """`inner` for a caller that evaluates the residual with args of its own making (the
+    discrete adjoint's flat parameter vector): it is set up with the problem's
+    `residual` at `to_args(args)`, so that a user Jacobian or preconditioner inside
+    `inner` receives the args it was written for."""
+
+    inner: AbstractLinearSolver
+    residual: Callable
+    to_args: Callable
+
+    @property
+    def matrix_free(self) -> bool:
+        return self.inner.matrix_free
+
+    @property
+    def needs_operator(self) -> bool:
+        return self.inner.needs_operator
+
+    @property
+    def stat_names(self) -> tuple:
+        return self.inner.stat_names
+
+    def setup(self, residual, t, y, yp, cj, args):
+        del residual
+        return self.inner.setup(self.residual, t, y, yp, cj, self.to_args(args))
+
+    def solve(self, state, rhs, *, transpose=False, weights=None, operator=None):
+        return self.inner.solve(state, rhs, transpose=transpose, weights=weights,
+                                operator=operator)
+
+    def is_singular(self, state):
+        return self.inner.is_singular(state)
+
+    def solve_failed(self, stats):
+        return self.inner.solve_failed(stats)
+
+    def auxiliary(self) -> AbstractLinearSolver:
+        # The auxiliary matrices come from residuals the caller builds; no user function.
+        return self.inner.auxiliary()
+
+
 def masked_residual(residual, y, yp, y_mask) -> Callable:
     """The residual whose iteration matrix at cj = 0 is C = R_y diag(m) + R_y' diag(1 − m).
 

@@ -14,6 +14,7 @@ from jaxtyping import ArrayLike
 
 from ._adjoint import Adjoint
 from ._autodiff import solve_core
+from ._closures import lift_closures
 from ._core import Config, Inputs
 from ._discrete_adjoint import DiscreteAdjoint
 from ._consistency import unknown_mask
@@ -456,12 +457,17 @@ def solve(
                                  else jnp.asarray(quad_atol, dtype), (nq,))
     constraints, max_step, min_step, first_step = _check_step_options(
         y0, constraints, max_step, min_step, first_step, max_order)
+    event = _check_event(event, residual, t0, y0, args)
+    # Tracers the functions close over (a parameter under grad/jacfwd/vmap) become
+    # leaves of args, differentiable and batchable like any other (`_closures.py`).
+    residual, quadrature, event, linear_solver, args = lift_closures(
+        residual, quadrature, event, linear_solver, y0, args)
     config = Config(
         residual=residual, quadrature=quadrature, linear_solver=linear_solver,
         reverse=sensitivity, forward=forward_sensitivity, init=init,
         max_steps=int(max_steps), suppress_algebraic_error=bool(suppress_algebraic_error),
         quad_error_control=bool(quad_error_control), order=DENSE_ORDER, throw=bool(throw),
-        max_order=int(max_order), event=_check_event(event, residual, t0, y0, args),
+        max_order=int(max_order), event=event,
         progress=(100 if progress is True else int(progress)),
         dense=(2 if dense else (1 if steps else 0)))
     inputs = Inputs(t0=t0, t1=t1, y0=y0, yp0=yp0, args=args, saveat=saveat,
