@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from ._bdf import error_weights, update_row, wrms
-from ._consistency import consistency_solve, consistent_values, initial_sensitivities
+from ._consistency import (consistency_solve, consistent_values, initial_sensitivities,
+                           split_at)
 from ._events import Event, EventState, event_tangents
 from ._forward_sensitivity import (ForwardSensitivity, SensitivityProblem, direction_scale,
                                    sensitivity_atol)
@@ -49,6 +50,9 @@ class Config(eqx.Module):
     event: Event | None = None
     progress: int = eqx.field(static=True, default=0)   # report every this many steps
     dense: int = eqx.field(static=True, default=0)      # 1: step values, 2: + interpolant
+    # No `algebraic` mask given (and n small enough): the algebraic directions come
+    # from F_y' at each point where they are needed (`_consistency.Split`).
+    auto_split: bool = eqx.field(static=True, default=False)
 
 
 class Inputs(eqx.Module):
@@ -173,10 +177,12 @@ def inconsistent_start(config: Config, inputs: Inputs, y0, yp0) -> Bool[Array, "
     if config.init is not None:
         return jnp.zeros((), bool)
     f0 = config.residual(inputs.t0, y0, yp0, inputs.args)
+    split = split_at(config.auto_split, config.residual, inputs.t0, y0, yp0, inputs.args,
+                     inputs.algebraic)
     u, _ = consistency_solve(config.linear_solver, config.residual, inputs.t0, y0, yp0,
-                             inputs.args, inputs.algebraic, f0[None])
+                             inputs.args, split, f0[None])
     ewt = error_weights(y0, inputs.rtol, jnp.broadcast_to(inputs.atol, y0.shape))
-    return wrms(jnp.where(inputs.algebraic, u[0], 0.0), ewt) > 1.0
+    return wrms(split.alg(u[0]), ewt) > 1.0
 
 
 def _explain_failure(config, inputs, y0, yp0, state) -> RESULTS:

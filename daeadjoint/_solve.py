@@ -17,7 +17,7 @@ from ._autodiff import solve_core
 from ._closures import lift_closures
 from ._core import Config, Inputs
 from ._discrete_adjoint import DiscreteAdjoint
-from ._consistency import unknown_mask
+from ._consistency import AUTO_SPLIT_MAX_N, unknown_mask
 from ._forward_sensitivity import ForwardSensitivity
 from ._initialization import SUCCESS, failure_messages, message_index
 from ._krylov import Preconditioner
@@ -418,6 +418,8 @@ def solve(
 
     **Returns:** a `Solution` with `ts`, `ys`, `yps`, `qs`, `stats`, `result`.
     """
+    # Without a mask the algebraic directions are found from F_y' where needed.
+    auto_split = algebraic is None and np.shape(y0)[0] <= AUTO_SPLIT_MAX_N
     t0, t1, y0, yp0, saveat, algebraic, rtol, atol, tstop = _check_inputs(
         residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quadrature, rtol, atol,
         tstop, max_steps)
@@ -469,6 +471,7 @@ def solve(
         quad_error_control=bool(quad_error_control), order=DENSE_ORDER, throw=bool(throw),
         max_order=int(max_order), event=event,
         progress=(100 if progress is True else int(progress)),
+        auto_split=auto_split,
         dense=(2 if dense else (1 if steps else 0)))
     inputs = Inputs(t0=t0, t1=t1, y0=y0, yp0=yp0, args=args, saveat=saveat,
                     algebraic=algebraic, rtol=rtol, atol=atol, quad_rtol=quad_rtol,
