@@ -369,6 +369,10 @@ def solve(
     - `saveat`: sorted 1-D array of output times in [t0, t1]; default `[t1]`. Outputs come
       from the BDF interpolating polynomial; steps are not forced onto them.
     - `algebraic`: bool mask, True where y_i is algebraic (F does not depend on y'_i).
+      Default None: no mask; up to 200 unknowns the algebraic directions are then
+      found from the null space of F_y' wherever consistency matters (fully implicit
+      DAEs whose singular F_y' mixes components, e.g. circuits with floating
+      capacitors), above that none (an ODE in implicit form).
     - `init`: None (take y0, yp0 as consistent), `"ya_ydp"` (compute the algebraic part of
       y0 and the differential part of y'0 from the differential part of y0), or `"y"`
       (compute all of y0 from y'0).
