@@ -296,14 +296,18 @@ def _empty_outputs(ts_dtype, n, nq):
     return Outputs.create(jnp.zeros((0,), ts_dtype), n, nq, 0, 0, ts_dtype)
 
 
-def replay_segment(problem_fwd: Problem, ck, c, n_ck, t_next, tstop, yp0, buf0, max_steps):
+def replay_segment(problem_fwd: Problem, ck, c, t_next, yp0, buf0, max_steps):
     """Replay forward segment c from its checkpoint `ck` to t_next, recording every step
     (node values for the interpolant, and the BDF histories). The factorization is
     rebuilt at the checkpoint's stored setup point, so the replay repeats the original
-    steps bit for bit. (The checkpoint is sliced outside any branch or loop: the whole
-    checkpoint buffer is never an operand there, which XLA would copy.)"""
-    last = c + 1 >= n_ck
-    prob = dataclasses.replace(problem_fwd, tstop=jnp.where(last, tstop, t_next))
+    steps bit for bit. It runs under the forward run's own `tstop`: t_next is where a
+    forward step ended, and an exact replay ends there by itself, whereas stopping at
+    t_next would shorten every attempt that overshot it — attempts the forward run made
+    and, after an error-test failure, answered with another step size (the replay of
+    the Test Set's NAND gate at rtol 1e-8 then left the forward steps 79 steps into a
+    segment and overflowed its buffer). (The checkpoint is sliced outside any branch or
+    loop: the whole checkpoint buffer is never an operand there, which XLA would copy.)"""
+    prob = problem_fwd
     st = restore_linear_state(prob, ck)
     # y' at the checkpoint: the BDF interpolant there, or y'0 at the very start.
     _, yp_start = StepRecorder._node(st)
@@ -445,7 +449,7 @@ def integrate_segment(bw: _Backward, c: dict, max_steps: int) -> dict:
     return jax.lax.while_loop(cond, body, c)
 
 
-def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: dict, i, tstop, yp0,
+def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: dict, i, yp0,
                   max_steps: int):
     """The steps of forward segment i (from checkpoint i): the ones the forward run kept
     if it is its last segment, else replayed; the current buffer if the segment starts
@@ -464,7 +468,7 @@ def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: dict, i, tst
     # One-trip loops, not conds: a cond returning the current buffer would copy it.
     buf, ok = maybe_update(
         replay,
-        lambda: replay_segment(problem_fwd, ck, i, n_ck, t_next, tstop, yp0, buf0, max_steps),
+        lambda: replay_segment(problem_fwd, ck, i, t_next, yp0, buf0, max_steps),
         (c["buf"], jnp.ones((), bool)))
     if rec.segment is not None:
         buf = maybe_update(kept, lambda: rec.segment.buffer(buf0), buf)
@@ -513,7 +517,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
 
     def outer_body(c):
         i = c["c"]
-        buf, ok, t_low = segment_steps(problem_fwd, rec, buf0, c, i, inputs.tstop, yp0,
+        buf, ok, t_low = segment_steps(problem_fwd, rec, buf0, c, i, yp0,
                                        config.max_steps)
         c = integrate_segment(bw, dict(c, buf=buf, ok=c["ok"] & ok, t_low=t_low), max_adj)
         del c["t_low"]
