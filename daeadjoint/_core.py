@@ -179,15 +179,25 @@ def inconsistent_start(config: Config, inputs: Inputs, y0, yp0) -> Bool[Array, "
     return wrms(jnp.where(inputs.algebraic, u[0], 0.0), ewt) > 1.0
 
 
+# A step size underflow (t + h == t) within this fraction of |t| from t0 is blamed on the
+# time origin (`RESULTS.time_not_resolved`): moving it to t0 would resolve the time
+# 1/TIME_ORIGIN_FRACTION times more finely.
+TIME_ORIGIN_FRACTION = 1e-3
+
+
 def _explain_failure(config, inputs, y0, yp0, state) -> RESULTS:
     """A failure before the first accepted step with inconsistent initial values is
-    reported as such (with the hint to use `init=`)."""
+    reported as such (with the hint to use `init=`); a step size that underflowed
+    close to a large t0 as the time origin's fault (`RESULTS.time_not_resolved`)."""
     result = state.result
     first = (state.stats["num_steps"] == 0) & (result != RESULTS.successful)
     inconsistent = jax.lax.cond(first, lambda: inconsistent_start(config, inputs, y0, yp0),
                                 lambda: jnp.zeros((), bool))
-    return RESULTS.where(first & inconsistent & ~_is_start_failure(result),
-                         RESULTS.inconsistent_initial_conditions, result)
+    result = RESULTS.where(first & inconsistent & ~_is_start_failure(result),
+                           RESULTS.inconsistent_initial_conditions, result)
+    near_origin = state.t - inputs.t0 < TIME_ORIGIN_FRACTION * jnp.abs(state.t)
+    return RESULTS.where((result == RESULTS.step_size_too_small) & near_origin,
+                         RESULTS.time_not_resolved, result)
 
 
 def _is_start_failure(result):

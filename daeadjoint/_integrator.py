@@ -152,6 +152,39 @@ def clamp_to_tstop(problem, t, h):
     return jnp.where(t + h > problem.tstop, (problem.tstop - t) * (1 - 4 * uround), h)
 
 
+# A step that would end within this fraction of itself short of tstop is stretched to
+# end on tstop (instead of leaving a sliver of a step, e.g. IDAS's clamp (1 − 4u)).
+TSTOP_STRETCH = 0.01
+
+
+# The clock's round-off a step may leave unaccounted, in tolerance units: above it the
+# step is taken as the difference of the represented times (`step_end`).
+CLOCK_TOL = 1e-4
+
+
+def step_end(problem: Problem, t, h, yp_norm):
+    """(t_new, h) of a step of intended size h from t (h ≤ max_step): t_new = t + h as
+    represented in floating point, never past tstop (a step reaching it, or ending
+    within `TSTOP_STRETCH`·h short of it, ends exactly on it, h = tstop − t).
+
+    The represented t_new − t differs from h by up to half a spacing of t. IDAS ignores
+    that; its effect on the solution, up to eps·|t|·‖y'‖_W tolerance units a step
+    (`yp_norm` = ‖y'‖_WRMS), is negligible unless t is large for the solution's time
+    scale (e.g. t0 = 1.7e9 for a process of microseconds: steps of a few spacings of t,
+    rounded by tens of percent, gave wrong solutions marked successful). Above
+    `CLOCK_TOL` the step is therefore the difference of the represented times,
+    h = t_new − t, so the integrator never falls out of step with its clock, and a step
+    below half a spacing of t is 0 (status `step_size_too_small`). Below it h is kept
+    as intended, as in IDAS (the difference wobbles by a spacing of t, and exact tests
+    like cj == cj_old would flip with it, making the step sequence — and so the
+    solution — jitter with rounding-level changes of the data)."""
+    to_stop = problem.tstop - t
+    lands = (h >= to_stop) | ((h >= (1 - TSTOP_STRETCH) * to_stop) & (to_stop <= problem.max_step))
+    t_new = jnp.where(lands, problem.tstop, t + h)
+    coarse = jnp.finfo(t.dtype).eps * jnp.abs(t_new) * yp_norm > CLOCK_TOL
+    return t_new, jnp.where(lands | coarse, t_new - t, h)
+
+
 def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=None) -> State:
     """The state before the first step. With forward sensitivities, (s0, sp0) are their
     consistent initial values (k, n) and qsp0 (k, nq) the quadrature sensitivities' rate;
@@ -201,7 +234,11 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     uround = jnp.finfo(dtype).eps
     sens = problem.sens if (problem.sens is not None and problem.sens.k > 0) else None
     k = s.k
-    h = clamp_to_tstop(problem, s.t, jnp.minimum(s.h, problem.max_step))
+    # Error weights from y_{n-1} (IDAS recomputes them after every accepted step).
+    ewt = error_weights(s.phi[0], problem.rtol, problem.atol)
+    # φ_1/ψ_0 ≈ y' (on the first step φ_1 = h0·y'0, ψ_0 = h0).
+    yp_norm = wrms(s.phi[1], ewt) / s.psi[0]
+    t_new, h = step_end(problem, s.t, jnp.minimum(s.h, problem.max_step), yp_norm)
     co = set_coefficients(s.psi, h, k, s.k_used, s.h_used, s.ns, dtype)
     # All histories (state "y", quadratures "q", sensitivities "s", their quadratures
     # "sq") move together: rescaled, predicted and completed alike. Only the parts that
@@ -211,11 +248,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     parts = ["y"] + (["q"] if nq else []) + (["s", "sq"][: 1 + bool(nq)] if sens else [])
     source = dict(y=s.phi, q=s.phiq, s=s.phis, sq=s.phiqs)
     hist = {p: scale_history(source[p], co["beta"], co["ns"], k) for p in parts}
-    t_new = s.t + h
     cj = co["cj"]
 
-    # Error weights from y_{n-1} (IDAS recomputes them after every accepted step).
-    ewt = error_weights(s.phi[0], problem.rtol, problem.atol)
     ewt_err = ewt * problem.error_mask
     ewtq = error_weights(s.phiq[0], problem.quad_rtol, problem.quad_atol)
     too_accurate = uround * wrms(s.phi[0], ewt) > 1.0
@@ -317,7 +351,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     lower = jnp.where(k > 2, jnp.maximum(terr_km1, terr_km2) <= terr_k,
                       (k == 2) & (terr_km1 <= 0.5 * terr_k))
     knew = jnp.where(lower, k - 1, k)
-    passed = converged & (co["ck"] * enorm_k <= 1.0)
+    passed = converged & (co["ck"] * enorm_k <= 1.0) & (t_new > s.t)
 
     # --- accepted: IDACompleteStep ---------------------------------------------------
     nst = s.stats["num_steps"] + 1
@@ -392,6 +426,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
                   W(conv_fail & (nw.fail_kind == FAIL_LINEAR), RESULTS.linear_solver_failures,
                     RESULTS.step_size_too_small))
     result = W(s.t + h_next == s.t, underflow, result)
+    # A step below half a spacing of t (`step_end`): nothing was attempted.
+    result = W(t_new == s.t, RESULTS.step_size_too_small, result)
     result = W(too_accurate, RESULTS.tolerance_too_small, result)
 
     new_hist = dict(source)
@@ -448,11 +484,6 @@ class Outputs(eqx.Module):
         return self.yd[:, 1]
 
 
-def troundoff(s: State):
-    uround = jnp.finfo(s.phi.dtype).eps
-    return 100.0 * uround * (jnp.abs(s.t) + jnp.abs(s.h))
-
-
 OUTPUT_BLOCK = 8   # output rows written per masked block update
 # XLA's CPU runtime runs a loop body sequentially only while every buffer it touches is
 # at most this size; larger ones put each iteration's operations on its thread pool
@@ -461,8 +492,11 @@ LOOP_BYTES = 512
 
 
 def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
-    """Fill every output row with t_out ≤ t_n (+ roundoff; ≤ t_limit, a terminal
-    event, if given) by IDAS's interpolant (nothing unless the step `passed`).
+    """Fill every output row with t_out ≤ t_n (≤ t_limit, a terminal event, if given) by
+    IDAS's interpolant (nothing unless the step `passed`). Never beyond t_n: the
+    integration stops only once t_n ≥ t1 (or on tstop exactly, `step_end`), so no row is
+    extrapolated (a round-off band of 100·eps·|t| extrapolated a whole solution at large
+    t, e.g. t0 = 1.7e9, from the initial values).
 
     The due rows are written in blocks of `OUTPUT_BLOCK` consecutive rows by one masked
     update each: the first block in place, further blocks (more than 8 outputs in one
@@ -474,7 +508,7 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
     if n_save == 0:
         return out
     order = out.yd.shape[1] - 1
-    limit = s.t + troundoff(s)
+    limit = s.t
     if t_limit is not None:
         limit = jnp.minimum(limit, t_limit)
     block = min(OUTPUT_BLOCK, n_save)
@@ -532,7 +566,7 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     n_save = outputs.ts.shape[0]
 
     def running(s):
-        return ((t_end - s.t) > troundoff(s)) & (s.result == RESULTS.successful)
+        return (s.t < t_end) & (s.result == RESULTS.successful)
 
     def next_output(out):
         if n_save == 0:
@@ -547,7 +581,7 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
 
     def step_cond(carry):
         s, _, _, t_target, flush = carry
-        return running(s) & ((t_target - s.t) > troundoff(s)) & ~flush
+        return running(s) & (s.t < t_target) & ~flush
 
     def step_body(carry):
         s, recs, ev, t_target, _ = carry
@@ -568,7 +602,7 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
                          lambda: jax.debug.callback(_print_progress, s.t, t_end,
                                                     s.stats["num_steps"], s.h_used),
                          lambda: None)
-        hit_max = passed & (s.stats["num_steps"] >= max_steps) & ((t_end - s.t) > troundoff(s))
+        hit_max = passed & (s.stats["num_steps"] >= max_steps) & (s.t < t_end)
         result = RESULTS.where(hit_max & (s.result == RESULTS.successful),
                                RESULTS.max_steps_reached, s.result)
         if ev is not None:

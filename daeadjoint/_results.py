@@ -51,6 +51,14 @@ class RESULTS(eqx.Enumeration):
         "step_size_too_small: the step size underflowed, t + h == t in floating point "
         "(IDAS 't + h = t'): the solution is likely singular (blowing up) here."
     )
+    time_not_resolved = (
+        "time_not_resolved: the step size this solution needs is below the spacing of "
+        "floating-point numbers at t (t + h == t), with t far from 0 compared to the "
+        "time elapsed since t0: t0 is large for the time scale of the solution (e.g. "
+        "t0 = 1.7e9 for a process of microseconds). Shift the time origin: solve in "
+        "tau = t - t0 (residual F(t0 + tau, y, y', args), or better one written in tau), "
+        "so that t stays small and its floating-point numbers dense."
+    )
     tolerance_too_small = (
         "tolerance_too_small: the requested accuracy cannot be reached in this "
         "floating-point precision (IDAS IDA_TOO_MUCH_ACC): increase rtol/atol or use float64."
