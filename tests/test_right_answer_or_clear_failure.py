@@ -1,0 +1,189 @@
+"""Every call gives the right answer, or fails clearly: a status that says what went wrong
+(never `successful` on a wrong value, never a silent NaN), or an error naming the
+argument. Regressions for issue 19 (items 2-11); each test failed on the code before its
+fix.
+
+Exact solutions: y' = -k y, y(t0) = 1 gives y(t) = exp(-k (t - t0)) (with t - t0 the
+difference of the floating-point t0 and t). Tolerance of value checks: the exact-solution
+tests' bound of 100·rtol on the relative global error (local error control gives a few,
+up to ~100, tolerance units globally), unless a test states another reason.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import daeadjoint as dae
+
+RTOL = 1e-8
+BOUND = 100 * RTOL
+
+
+def decay(t, y, yp, k):
+    return yp + k * y
+
+
+def exact_decay(t0, t1, k):
+    return np.exp(-k * (np.float64(t1) - np.float64(t0)))
+
+
+# ------------------------------------------------ item 2: a late start (large t0)
+@pytest.mark.parametrize(("t0", "dt", "k", "rtol"), [
+    (1.7e9, 3e-5, 1e5, 1e-6),    # the issue's case: was "successful", y = -2.004
+    (1e15, 1.0, 1.0, 1e-6),      # was "successful", y = 0.0
+    (1e15, 100.0, 0.1, 1e-4),    # was "successful", y = -2.1e-4 (exact 4.5e-5)
+])
+def test_late_start_that_time_cannot_resolve_is_a_failure(t0, dt, k, rtol):
+    """Near t0 = 1.7e9 float64 numbers are 2.4e-7 apart, near 1e15 0.125 apart: the steps
+    these decays need (a fraction of 1/k at these tolerances) fall below that spacing.
+    The solve used to return the initial values extrapolated over the whole interval,
+    marked successful; now it reports `time_not_resolved` (the advice: shift the time
+    origin), leaves the unreached output inf, and raises with throw=True."""
+    args = dict(args=k, rtol=rtol, atol=1e-12)
+    sol = dae.solve(decay, t0, t0 + dt, jnp.ones(1), throw=False, **args)
+    assert sol.result == dae.RESULTS.time_not_resolved
+    assert np.all(np.isinf(np.asarray(sol.ys)))
+    with pytest.raises(Exception, match="time_not_resolved"):
+        dae.solve(decay, t0, t0 + dt, jnp.ones(1), **args)
+
+
+def test_late_start_that_time_resolves_is_integrated():
+    """t0 = 1e15, t1 = t0 + 40 (320 spacings of t), k = 0.1 at rtol 1e-3: steps of a few
+    spacings, each rounded by up to half a spacing. The integrator now steps between the
+    represented times, and gets exp(-4) to the bound (it returned -0.162, "successful",
+    for exp(-4) = 0.0183)."""
+    t0, rtol = 1e15, 1e-3
+    sol = dae.solve(decay, t0, t0 + 40.0, jnp.ones(1), args=0.1, rtol=rtol, atol=1e-12)
+    exact = exact_decay(t0, t0 + 40.0, 0.1)
+    assert sol.result == dae.RESULTS.successful
+    assert abs(float(sol.ys[-1, 0]) / exact - 1) <= 100 * rtol
+
+
+def test_interval_below_the_spacing_of_t_is_named():
+    """t1 = t0 + 10 at t0 = 1e9 rounds to t0 in float32 (spacing 64 there): the error
+    says so (it said 'the interval is empty', which the user's numbers are not)."""
+    with pytest.raises(ValueError, match="below the spacing of float32 numbers"):
+        dae.solve(decay, 1e9, 1e9 + 10.0, jnp.ones(1, jnp.float32), args=jnp.float32(1.0))
+
+
+# ---------------------------------------------------- item 4: complex and half dtypes
+def test_complex_y0_is_refused():
+    """Complex y0 was cast to float64 (imaginary part dropped) and the solve reported
+    success; now a TypeError names `y0`."""
+    with pytest.raises(TypeError, match="`y0` is complex"):
+        dae.solve(decay, 0.0, 1.0, jnp.array([1.0 + 1.0j]), args=1.0)
+
+
+@pytest.mark.parametrize("args", [1.0 + 1.0j, {"k": jnp.array([1.0 + 1.0j])}])
+def test_complex_args_are_refused_by_name(args):
+    """Complex `args` crashed with an internal while-loop dtype error; now a TypeError
+    names the leaf."""
+    with pytest.raises(TypeError, match=r"`args(\['k'\])?` is complex"):
+        dae.solve(lambda t, y, yp, a: yp + jnp.real(jax.tree_util.tree_leaves(a)[0]) * y,
+                  0.0, 1.0, jnp.ones(1), args=args)
+
+
+def test_complex_residual_output_is_refused():
+    with pytest.raises(TypeError, match="`residual` returned a complex array"):
+        dae.solve(lambda t, y, yp, k: (yp + k * y).astype(jnp.complex128), 0.0, 1.0,
+                  jnp.ones(1), args=1.0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_is_refused_by_name(dtype):
+    """bfloat16/float16 states crashed inside the solver (or met a tolerance message
+    suggesting rtol >= 0.78); now a TypeError names the dtype and the supported ones."""
+    with pytest.raises(TypeError, match=f"{jnp.dtype(dtype).name}.*float32 and float64"):
+        dae.solve(decay, 0.0, 1.0, jnp.ones(1, dtype), args=jnp.asarray(1.0, dtype))
+
+
+# ------------------------------------------------- item 8: the user's own exceptions
+def test_residual_with_python_control_flow_keeps_the_users_error():
+    """`if y[0] > 0:` on a traced value raises JAX's TracerBoolConversionError; it was
+    rebuilt as type(e)(message), which JAX's error classes do not support
+    (AttributeError: 'str' object has no attribute '_error_repr'). Now the user's own
+    exception propagates, with daeadjoint's context as a note."""
+    def branchy(t, y, yp, k):
+        if y[0] > 0:
+            return yp + k * y
+        return yp
+
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+        dae.solve(branchy, 0.0, 1.0, jnp.ones(1), args=1.0)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "residual(t, y, yp, args)" in notes and "jnp.where" in notes
+
+
+# ---------------------------------------------------------- item 10: smaller defects
+def test_zero_atol_at_a_zero_component_is_named():
+    """atol = 0 where y0 = 0 makes that error weight infinite (IDAS refuses it: 'some
+    initial ewt component = 0.0 illegal'); it gave a misleading line-search failure or
+    run-time error. Now a ValueError names the components."""
+    with pytest.raises(ValueError, match=r"`atol` is 0 at components \[1\]"):
+        dae.solve(decay, 0.0, 1.0, jnp.array([1.0, 0.0]), jnp.array([-1.0, 0.0]),
+                  args=1.0, atol=0.0, rtol=1e-6)
+
+
+def _first_failing_call():
+    return dae.solve(decay, 0.0, 1.0, jnp.ones(1), args=1.0, max_steps=1)
+
+
+def _second_failing_call():
+    return dae.solve(lambda t, y, yp, k: yp + 2 * k * y, 0.0, 1.0, jnp.ones(1), args=1.0,
+                     max_steps=1)
+
+
+def test_failure_error_names_the_call_that_failed():
+    """The error of a failed solve showed a 'stack inside of JIT' from an earlier, other
+    solve call (equinox caches the traced error check). Now the error of a solve called
+    outside jit is raised by `solve` itself: its message and traceback are this call's."""
+    with pytest.raises(Exception, match="max_steps_reached"):
+        _first_failing_call()
+    with pytest.raises(Exception, match="max_steps_reached") as info:
+        _second_failing_call()
+    text = str(info.value)
+    assert "_first_failing_call" not in text
+    # Any stack the message shows is this call's (it showed the first one's, or that of
+    # whichever failing solve of the same shapes ran first in the process).
+    assert "inside of JIT" not in text or "_second_failing_call" in text
+    assert any(entry.name == "_second_failing_call" for entry in info.traceback)
+
+
+def test_float32_default_rtol_is_met():
+    """With float32 (x64 off) the default rtol 1e-6 was refused (float32 needs rtol >=
+    100·eps = 1.2e-5); the default is now 1e-4 in float32, and the solve meets the
+    exact solution to 100·rtol."""
+    with jax.enable_x64(False):
+        sol = dae.solve(decay, 0.0, 1.0, jnp.ones(1), args=1.0)
+        assert sol.ys.dtype == jnp.float32
+        assert abs(float(sol.ys[-1, 0]) / np.exp(-1.0) - 1) <= 100 * 1e-4
+
+
+def test_saveat_one_ulp_past_t1_is_t1():
+    """A saveat one ulp past t1 (e.g. the last of arange(t0, t1 + dt/2, dt)) was
+    rejected; times within 4 eps of t0 or t1 now count as t0 or t1 (the value at t1,
+    which differs from the exact one at t1 + 1 ulp by 1e-16). Times further out are still
+    refused, as before tracing and as a status under jit."""
+    late = np.nextafter(1.0, 2.0)
+    sol = dae.solve(decay, 0.0, 1.0, jnp.ones(1), args=1.0, saveat=jnp.array([0.5, late]),
+                    rtol=RTOL, atol=RTOL)
+    np.testing.assert_allclose(np.asarray(sol.ys[:, 0]), np.exp([-0.5, -1.0]), rtol=BOUND)
+    with pytest.raises(ValueError, match="`saveat` must lie in"):
+        dae.solve(decay, 0.0, 1.0, jnp.ones(1), args=1.0, saveat=jnp.array([1.0 + 1e-12]))
+    traced = jax.jit(lambda s: dae.solve(decay, 0.0, 1.0, jnp.ones(1), args=1.0, saveat=s,
+                                         rtol=RTOL, atol=RTOL, throw=False))
+    sol = traced(jnp.array([0.5, late]))
+    assert sol.result == dae.RESULTS.successful
+    np.testing.assert_allclose(np.asarray(sol.ys[:, 0]), np.exp([-0.5, -1.0]), rtol=BOUND)
+    assert traced(jnp.array([0.5, 1.0 + 1e-12])).result == dae.RESULTS.invalid_saveat
+
+
+@pytest.mark.parametrize("name", ["y0", "t1"])
+def test_concrete_nonfinite_input_is_named_before_tracing(name):
+    """A concrete NaN was reported as `nonfinite_input` '(checked at run time because
+    they were traced)', which it was not; now a ValueError names the argument."""
+    kwargs = dict(t0=0.0, t1=1.0, y0=jnp.ones(1))
+    kwargs[name] = jnp.nan * kwargs[name] if name == "y0" else np.inf
+    with pytest.raises(ValueError, match=f"`{name}` contains NaN or inf"):
+        dae.solve(decay, kwargs["t0"], kwargs["t1"], kwargs["y0"], args=1.0)
