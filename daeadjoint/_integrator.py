@@ -84,6 +84,9 @@ class Problem(eqx.Module):
     min_step: Array | float = 0.0
     max_order: int = eqx.field(static=True, default=MAXORD)
     event: Event | None = None
+    # a∘r (algebraic mask times distinct weights): checked at each Jacobian setup to be
+    # in the null space of F_y' (`newton_solve`), or None (no algebraic mask given).
+    algebraic_probe: Array | None = None
     # Report progress every this many accepted steps (0: off; costs nothing then).
     progress: int = eqx.field(static=True, default=0)
 
@@ -148,13 +151,8 @@ def initial_step(problem: Problem, t0, y0, yp0, qp0, t_out, s0=None, sp0=None) -
 
 
 def clamp_to_tstop(problem, t, h):
-    uround = jnp.finfo(h.dtype).eps
-    return jnp.where(t + h > problem.tstop, (problem.tstop - t) * (1 - 4 * uround), h)
-
-
-# A step that would end within this fraction of itself short of tstop is stretched to
-# end on tstop (instead of leaving a sliver of a step, e.g. IDAS's clamp (1 − 4u)).
-TSTOP_STRETCH = 0.01
+    """h, or the step to tstop where t + h would pass it (`step_end` then lands on it)."""
+    return jnp.where(t + h > problem.tstop, problem.tstop - t, h)
 
 
 # The clock's round-off a step may leave unaccounted, in tolerance units: above it the
@@ -164,8 +162,9 @@ CLOCK_TOL = 1e-4
 
 def step_end(problem: Problem, t, h, yp_norm):
     """(t_new, h) of a step of intended size h from t (h ≤ max_step): t_new = t + h as
-    represented in floating point, never past tstop (a step reaching it, or ending
-    within `TSTOP_STRETCH`·h short of it, ends exactly on it, h = tstop − t).
+    represented in floating point, never past tstop (a step that would pass it ends
+    exactly on it, h = tstop − t; IDAS shortens it by 4 eps instead and then stops
+    within a round-off band of tstop, which would extrapolate the outputs).
 
     The represented t_new − t differs from h by up to half a spacing of t. IDAS ignores
     that; its effect on the solution, up to eps·|t|·‖y'‖_W tolerance units a step
@@ -178,8 +177,7 @@ def step_end(problem: Problem, t, h, yp_norm):
     as intended, as in IDAS (the difference wobbles by a spacing of t, and exact tests
     like cj == cj_old would flip with it, making the step sequence — and so the
     solution — jitter with rounding-level changes of the data)."""
-    to_stop = problem.tstop - t
-    lands = (h >= to_stop) | ((h >= (1 - TSTOP_STRETCH) * to_stop) & (to_stop <= problem.max_step))
+    lands = t + h > problem.tstop
     t_new = jnp.where(lands, problem.tstop, t + h)
     coarse = jnp.finfo(t.dtype).eps * jnp.abs(t_new) * yp_norm > CLOCK_TOL
     return t_new, jnp.where(lands | coarse, t_new - t, h)
@@ -282,7 +280,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     y_pred, yp_pred = preds["y"]
     nw = newton_solve(problem.residual, problem.args, problem.linear_solver, t_new, y_pred,
                       yp_pred, cj, ewt, s.lin_state, s.jac_point, cj_old, ss, setup,
-                      linear=problem.reset_newton_rate)
+                      linear=problem.reset_newton_rate, mask_probe=problem.algebraic_probe)
     ee = nw.ee
     converged = nw.converged
     constraint_fail = jnp.zeros((), bool)
@@ -351,7 +349,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     lower = jnp.where(k > 2, jnp.maximum(terr_km1, terr_km2) <= terr_k,
                       (k == 2) & (terr_km1 <= 0.5 * terr_k))
     knew = jnp.where(lower, k - 1, k)
-    passed = converged & (co["ck"] * enorm_k <= 1.0) & (t_new > s.t)
+    passed = converged & (co["ck"] * enorm_k <= 1.0) & (t_new > s.t) & ~nw.mask_violated
 
     # --- accepted: IDACompleteStep ---------------------------------------------------
     nst = s.stats["num_steps"] + 1
@@ -426,6 +424,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
                   W(conv_fail & (nw.fail_kind == FAIL_LINEAR), RESULTS.linear_solver_failures,
                     RESULTS.step_size_too_small))
     result = W(s.t + h_next == s.t, underflow, result)
+    result = W(nw.mask_violated, RESULTS.wrong_algebraic_mask, result)
     # A step below half a spacing of t (`step_end`): nothing was attempted.
     result = W(t_new == s.t, RESULTS.step_size_too_small, result)
     result = W(too_accurate, RESULTS.tolerance_too_small, result)
@@ -494,9 +493,9 @@ LOOP_BYTES = 512
 def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
     """Fill every output row with t_out ≤ t_n (≤ t_limit, a terminal event, if given) by
     IDAS's interpolant (nothing unless the step `passed`). Never beyond t_n: the
-    integration stops only once t_n ≥ t1 (or on tstop exactly, `step_end`), so no row is
-    extrapolated (a round-off band of 100·eps·|t| extrapolated a whole solution at large
-    t, e.g. t0 = 1.7e9, from the initial values).
+    integration stops only once t_n ≥ t1 (a step past tstop ends on it, `step_end`),
+    so no row is extrapolated (a round-off band of 100·eps·|t| extrapolated a whole
+    solution at large t, e.g. t0 = 1.7e9, from the initial values).
 
     The due rows are written in blocks of `OUTPUT_BLOCK` consecutive rows by one masked
     update each: the first block in place, further blocks (more than 8 outputs in one

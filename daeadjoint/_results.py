@@ -63,6 +63,12 @@ class RESULTS(eqx.Enumeration):
         "tolerance_too_small: the requested accuracy cannot be reached in this "
         "floating-point precision (IDAS IDA_TOO_MUCH_ACC): increase rtol/atol or use float64."
     )
+    wrong_algebraic_mask = (
+        "wrong_algebraic_mask: the residual depends on y'_i for a component i marked "
+        "`algebraic` (column i of dF/dy' is not zero): the mask must be True exactly where "
+        "F does not depend on y'_i. Check it with jax.jacfwd(residual, argnums=2)(t, y, "
+        "yp, args)."
+    )
     initialization_failed = (
         "initialization_failed: consistent initialization (`init=`) did not converge: the "
         "algebraic equations have no solution near the given guess, or the DAE is not "

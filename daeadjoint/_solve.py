@@ -428,6 +428,26 @@ def _failure_message(sol, init_info, config, inputs):
     return failed, index, msgs
 
 
+def _first_dependent_algebraic(config, inputs):
+    """The first component marked algebraic on whose y' the residual depends at
+    (t0, y0, y'0) (concrete inputs), or None: bisection on the probe F_y' (a∘r) of
+    `_core.mask_violation`, O(log n) `jax.jvp`s, run only to name it in an error."""
+    from ._core import algebraic_probe
+    from ._newton import depends_on_yp
+    probe = np.asarray(algebraic_probe(config, inputs))
+    test = jax.jit(lambda v: depends_on_yp(config.residual, inputs.t0, inputs.y0,
+                                           inputs.yp0, inputs.args, v))
+    lo, hi = 0, probe.shape[0]
+    if not bool(test(probe)):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        part = np.where(np.arange(probe.shape[0]) < mid, probe, 0.0)
+        part[:lo] = 0.0
+        lo, hi = (lo, mid) if bool(test(part)) else (mid, hi)
+    return lo
+
+
 def _raise_on_failure(sol, init_info, config, inputs):
     """`throw=True`: a failed solve raises its status's message. With concrete results
     (a solve called outside jit) this is a Python exception raised here, so its
@@ -438,7 +458,13 @@ def _raise_on_failure(sol, init_info, config, inputs):
     if cf is not None and ci is not None and os.environ.get("EQX_ON_ERROR", "raise") == "raise":
         if np.any(cf):
             first = int(np.broadcast_to(ci, np.shape(cf))[cf].reshape(-1)[0])
-            raise eqx.EquinoxRuntimeError(msgs[first])
+            message = msgs[first]
+            if first == RESULTS.wrong_algebraic_mask._value and np.ndim(ci) == 0:
+                i = _first_dependent_algebraic(config, inputs)
+                where = (f"at t0 its column {i} is not zero" if i is not None else
+                         f"at t0 it is zero, at t = {float(sol.stats['t_final']):.6g} not")
+                message = f"{message[:-1]}: {where}."
+            raise eqx.EquinoxRuntimeError(message)
         return sol
     return eqx.branched_error_if(sol, failed, index, msgs)
 
@@ -549,6 +575,7 @@ def solve(
 
     **Returns:** a `Solution` with `ts`, `ys`, `yps`, `qs`, `stats`, `result`.
     """
+    check_algebraic = algebraic is not None
     t0, t1, y0, yp0, saveat, algebraic, rtol, atol, tstop = _check_inputs(
         residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quadrature, rtol, atol,
         tstop, max_steps)
@@ -595,7 +622,7 @@ def solve(
         quad_error_control=bool(quad_error_control), order=DENSE_ORDER, throw=bool(throw),
         max_order=int(max_order), event=_check_event(event, residual, t0, y0, args),
         progress=(100 if progress is True else int(progress)),
-        dense=(2 if dense else (1 if steps else 0)))
+        dense=(2 if dense else (1 if steps else 0)), check_algebraic=check_algebraic)
     inputs = Inputs(t0=t0, t1=t1, y0=y0, yp0=yp0, args=args, saveat=saveat,
                     algebraic=algebraic, rtol=rtol, atol=atol, quad_rtol=quad_rtol,
                     quad_atol=quad_atol, tstop=tstop, constraints=constraints,

@@ -67,6 +67,47 @@ def test_interval_below_the_spacing_of_t_is_named():
         dae.solve(decay, 1e9, 1e9 + 10.0, jnp.ones(1, jnp.float32), args=jnp.float32(1.0))
 
 
+# ------------------------------------------------- item 3: a wrong `algebraic` mask
+def test_wrong_algebraic_mask_is_named_at_t0():
+    """y' = -y with algebraic=[True]: the initialization solved F(t0, y, 0) = y = 0 and
+    the solve returned y(1) = 0, successful (exact exp(-1)). Now column 0 of F_y' is
+    checked at t0 and the error names it; with throw=False the status says it."""
+    with pytest.raises(Exception, match="wrong_algebraic_mask.*its column 0 is not zero"):
+        dae.solve(decay, 0.0, 1.0, jnp.ones(1), args=1.0, algebraic=jnp.array([True]))
+    sol = dae.solve(decay, 0.0, 1.0, jnp.ones(1), -jnp.ones(1), args=1.0,
+                    algebraic=jnp.array([True]), throw=False)
+    assert sol.result == dae.RESULTS.wrong_algebraic_mask
+
+
+def test_robertson_with_a_differential_component_marked_algebraic():
+    """Robertson with y1 marked algebraic used to succeed on another trajectory; the
+    error names y1 (column 0), and the correct mask still solves it (IDAS's y1(40) =
+    0.7158, 4 digits)."""
+    from problems import ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
+    with pytest.raises(Exception, match="its column 0 is not zero"):
+        dae.solve(robertson, 0.0, 40.0, ROBERTSON_Y0, ROBERTSON_YP0, ROBERTSON_P,
+                  algebraic=jnp.array([True, False, True]))
+    sol = dae.solve(robertson, 0.0, 40.0, ROBERTSON_Y0, ROBERTSON_YP0, ROBERTSON_P,
+                    algebraic=jnp.array([False, False, True]), rtol=1e-6,
+                    atol=jnp.array([1e-8, 1e-14, 1e-6]))
+    assert abs(float(sol.ys[-1, 0]) - 0.7158) <= 1e-4
+
+
+def test_wrong_algebraic_mask_seen_where_the_jacobian_is_formed():
+    """F = [x' - 1, x z' + z - t], z marked algebraic: its column of F_y' is x, zero at
+    t0 (x(0) = 0) but not after, so the check at t0 passes and the one at the first
+    Jacobian setup (t = h) reports it. (The solve reported success: with init=None the
+    forward values do not use the mask, but its derivatives, init= and
+    suppress_algebraic_error do.)"""
+    def implicit(t, y, yp, a):
+        return jnp.stack([yp[0] - 1.0, y[0] * yp[1] + y[1] - t])
+
+    sol = dae.solve(implicit, 0.0, 1.0, jnp.zeros(2), jnp.array([1.0, 0.0]),
+                    algebraic=jnp.array([False, True]), throw=False)
+    assert sol.result == dae.RESULTS.wrong_algebraic_mask
+    assert np.all(np.isinf(np.asarray(sol.ys)))
+
+
 # ---------------------------------------------------- item 4: complex and half dtypes
 def test_complex_y0_is_refused():
     """Complex y0 was cast to float64 (imaginary part dropped) and the solve reported
