@@ -228,3 +228,22 @@ def test_concrete_nonfinite_input_is_named_before_tracing(name):
     kwargs[name] = jnp.nan * kwargs[name] if name == "y0" else np.inf
     with pytest.raises(ValueError, match=f"`{name}` contains NaN or inf"):
         dae.solve(decay, kwargs["t0"], kwargs["t1"], kwargs["y0"], args=1.0)
+
+
+# ------------------------------------------- item 5: evaluate outside the solved range
+def test_evaluate_outside_the_solved_interval_is_refused():
+    """exp(-t) solved on [0, 1] with dense=True: evaluate(10.) extrapolated the last
+    step's polynomial to -148.9. Inside [t0, t_final] it is the solution (to the bound);
+    outside, a ValueError names the range, and under jit a run-time error (NaN where
+    errors are off)."""
+    sol = dae.solve(decay, 0.0, 1.0, jnp.ones(1), args=1.0, dense=True, rtol=RTOL,
+                    atol=RTOL)
+    t_final = float(sol.stats["t_final"])
+    inside = jnp.array([0.0, 0.3, 1.0, t_final])
+    np.testing.assert_allclose(np.asarray(sol.evaluate(inside))[:, 0], np.exp(-inside),
+                               rtol=BOUND)
+    for t in (10.0, -0.5, jnp.array([0.5, 10.0])):
+        with pytest.raises(ValueError, match="outside the solved interval"):
+            sol.evaluate(t)
+    with pytest.raises(Exception, match="outside the solved interval"):
+        jax.block_until_ready(jax.jit(lambda s, t: s.evaluate(t))(sol, 10.0))
