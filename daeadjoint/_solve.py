@@ -320,24 +320,42 @@ def _check_step_options(y0, constraints, max_step, min_step, first_step, max_ord
 # ------------------------------------------------------------- output-time dependence
 
 
-def _order_guard(order: int):
-    """Identity on Δ that raises when differentiated more than `order` times: the dense
-    output carries y, …, y^(DENSE_ORDER), so higher time derivatives would be silently
-    zero."""
+def _zero_until(order: int, beyond: str):
+    """Z(Δ) = 0 with derivatives 0 up to `order` (by custom JVPs: Z_m' = Z_{m−1}(Δ)·Δ̇),
+    and beyond: NaN (`beyond="nan"`, Z_0' = NaN·Δ̇) or an error when JAX differentiates
+    Z_0 (`"raise"`)."""
 
     @jax.custom_jvp
-    def guard(delta):
-        return delta
+    def zero(delta):
+        return jnp.zeros_like(delta)
 
-    @guard.defjvp
-    def guard_jvp(primals, tangents):
-        if order <= 0:
-            raise ValueError(
-                "daeadjoint: this derivative of order > "
-                f"{DENSE_ORDER} with respect to the output times (saveat or t1) is not "
-                "available (the dense output carries y, y' and y'' only).")
+    @zero.defjvp
+    def zero_jvp(primals, tangents):
         (delta,), (delta_dot,) = primals, tangents
-        return _order_guard(order - 1)(delta), delta_dot
+        if order > 0:
+            return zero(delta), _zero_until(order - 1, beyond)(delta) * delta_dot
+        if beyond == "nan":
+            return zero(delta), delta_dot * jnp.nan
+        raise ValueError(
+            "daeadjoint: this derivative of order > "
+            f"{DENSE_ORDER} with respect to the output times (saveat or t1) is not "
+            "available (the dense output carries y, y' and y'' only).")
+
+    return zero
+
+
+def _order_guard(order: int, beyond: str = "raise"):
+    """Δ ↦ Δ + Z(Δ): derivatives of order 2 … `order` are 0 (exact: the Taylor shift
+    below is a polynomial in Δ); the next one would need y^(DENSE_ORDER + 1), which the
+    dense output does not carry, and would be silently zero. It raises (the shift of y
+    and of the quadratures: at the third derivative, whatever output is used), or is
+    NaN (the shift of y', one order short: jax.hessian of sol.ys with respect to t1
+    differentiates the shift of sol.yps twice too, since JAX differentiates every
+    output, and raising there refused it although only ys was used; a second derivative
+    of sol.yps itself is NaN)."""
+
+    def guard(delta):
+        return delta + _zero_until(order, beyond)(delta)
 
     return guard
 
@@ -354,7 +372,7 @@ def _shift_to_saveat(yd, qs, saveat, args, quadrature):
     # Rows never reached are inf: keep them inf (the m = 0 term), not inf·0 = NaN.
     yd = jnp.concatenate([yd[:, :1], jnp.where(jnp.isfinite(yd[:, 1:]), yd[:, 1:], 0.0)], axis=1)
     d_y = _order_guard(order)(delta)[:, None]
-    d_yp = _order_guard(order - 1)(delta)[:, None]
+    d_yp = _order_guard(order - 1, "nan")(delta)[:, None]
     ys = sum(yd[:, m] * d_y**m / math.factorial(m) for m in range(order + 1))
     yps = sum(yd[:, m + 1] * d_yp**m / math.factorial(m) for m in range(order))
     if quadrature is None:

@@ -247,3 +247,34 @@ def test_evaluate_outside_the_solved_interval_is_refused():
             sol.evaluate(t)
     with pytest.raises(Exception, match="outside the solved interval"):
         jax.block_until_ready(jax.jit(lambda s, t: s.evaluate(t))(sol, 10.0))
+
+
+# -------------------------------------------- item 6: second derivatives in t1, saveat
+def _y_at(t1, saveat=None, quantity="ys"):
+    sol = dae.solve(decay, 0.0, t1, jnp.ones(1), args=0.5, saveat=saveat, rtol=RTOL,
+                    atol=RTOL)
+    return getattr(sol, quantity)[:, 0]
+
+
+def test_second_derivatives_with_respect_to_t1_and_saveat():
+    """jax.hessian, jacfwd(jacfwd) and jacfwd(grad) of sol.ys with respect to t1 or a
+    saveat time were refused ('order > 2 not available') because the guard on sol.yps's
+    shift fired although yps was unused. Each now equals y''(t) of the dense output —
+    the polynomial the solver interpolates with (sol.evaluate(t, 2), to rounding,
+    1e-10) — which is exp(-t/2)/4 to 1e-3 (the second derivative of the degree-k
+    interpolating polynomial converges as h^(k-1), not as the tolerance: measured 8e-6
+    here). A second derivative of sol.yps needs y''', which the dense output does not
+    carry: NaN, not the zero the Taylor shift would give."""
+    f = lambda t1: _y_at(t1)[-1]  # noqa: E731
+    dense = dae.solve(decay, 0.0, 1.0, jnp.ones(1), args=0.5, rtol=RTOL, atol=RTOL,
+                      dense=True)
+    ypp = float(dense.evaluate(1.0, derivative=2)[0])
+    assert abs(ypp / (0.25 * np.exp(-0.5)) - 1) <= 1e-3
+    for second in (jax.hessian(f), jax.jacfwd(jax.jacfwd(f)), jax.jacfwd(jax.grad(f))):
+        assert abs(float(second(1.0)) / ypp - 1) <= 1e-10
+    s = jnp.array([0.5, 1.0])
+    h = np.asarray(jax.hessian(lambda s: jnp.sum(_y_at(1.0, s)))(s))
+    np.testing.assert_allclose(np.diag(h), np.asarray(dense.evaluate(s, derivative=2))[:, 0],
+                               rtol=1e-10)
+    assert h[0, 1] == 0.0 and h[1, 0] == 0.0
+    assert np.isnan(float(jax.hessian(lambda t1: _y_at(t1, quantity="yps")[-1])(1.0)))
