@@ -278,3 +278,19 @@ def test_second_derivatives_with_respect_to_t1_and_saveat():
                                rtol=1e-10)
     assert h[0, 1] == 0.0 and h[1, 0] == 0.0
     assert np.isnan(float(jax.hessian(lambda t1: _y_at(t1, quantity="yps")[-1])(1.0)))
+
+
+# ------------------------------------------------ item 7: a float32 parameter, float64 state
+def test_reverse_mode_for_a_float32_parameter_of_a_float64_solve():
+    """jax.grad with respect to a float32 parameter of a float64 solve died in XLA's
+    verifier (the adjoint returned a float64 cotangent for a float32 input); jacfwd
+    worked. Now grad, jacrev and the Hessian give float32 values of -exp(-k), exp(-k)
+    (k = 0.5 is exact in float32), to the bound plus float32's rounding (6e-8)."""
+    f = lambda k: dae.solve(decay, 0.0, 1.0, jnp.ones(1), args=k, rtol=RTOL,  # noqa: E731
+                            atol=RTOL).ys[-1, 0]
+    k = jnp.float32(0.5)
+    for d, exact in ((jax.grad(f), -np.exp(-0.5)), (jax.jacrev(f), -np.exp(-0.5)),
+                     (jax.hessian(f), np.exp(-0.5))):
+        value = d(k)
+        assert value.dtype == jnp.float32
+        assert abs(float(value) / exact - 1) <= BOUND + 6e-8
