@@ -122,6 +122,9 @@ class State(eqx.Module):
     jac_point: tuple             # (t, y, yp) where lin_state was built (hot restarts)
     nef: Int[Array, ""]          # error-test failures in the current step
     ncf: Int[Array, ""]          # convergence failures in the current step
+    # Consecutive accepted steps whose y was projected onto a bound the DAE drives it
+    # across (`constraints`; see attempt_step).
+    npress: Int[Array, ""]
     stats: dict
     result: Any
 
@@ -216,7 +219,7 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
         psi=jnp.zeros((NPHI,), dtype).at[0].set(h0), cj=1 / h0, cj_old=1 / h0,
         ss=jnp.asarray(20.0, dtype), ss_sens=jnp.asarray(20.0, dtype),
         new_matrix=jnp.zeros((), bool), lin_state=lin_state,
-        jac_point=(jnp.asarray(t0, dtype), y0, yp0), nef=izero, ncf=izero,
+        jac_point=(jnp.asarray(t0, dtype), y0, yp0), nef=izero, ncf=izero, npress=izero,
         stats=stats, result=RESULTS.successful,
     )
 
@@ -285,6 +288,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     converged = nw.converged
     constraint_fail = jnp.zeros((), bool)
     eta_constraint = jnp.ones((), dtype)
+    pressing = jnp.zeros((), bool)
     if problem.constraints is not None:
         # IDAS IDANls: a converged y violating the constraints is projected back when the
         # projection is below the Newton tolerance, otherwise the step is retried with
@@ -295,7 +299,15 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         a = (jnp.abs(c) > 1.5).astype(dtype)
         v = jnp.where(mm, y_try - 0.1 * a * c / ewt, 0.0)
         small = wrms(v, ewt) <= EPS_NEWT
-        ee = jnp.where(converged & jnp.any(mm) & small, ee - v, ee)
+        projected = converged & jnp.any(mm) & small
+        # A projection the DAE undoes at once: y' points across the bound, by more than
+        # 1e-3 tolerance units over the step. Repeated step after step (10 times) the
+        # constraint is infeasible — the integration would creep along the bound in
+        # steps of the Newton tolerance (y ≥ 0 with y' = −1 ran to max_steps).
+        yp_try = yp_pred + cj * ee
+        outward = mm & (c * yp_try < 0) & (jnp.abs(h * yp_try) * ewt > 1e-3)
+        pressing = projected & jnp.any(outward)
+        ee = jnp.where(projected, ee - v, ee)
         constraint_fail = converged & jnp.any(mm) & ~small
         ratio_c = jnp.where(mm, s.phi[0] / jnp.where(mm, s.phi[0] - y_try, 1.0), jnp.inf)
         eta_constraint = jnp.maximum(0.9 * jnp.min(ratio_c), 0.1)
@@ -413,9 +425,12 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
                       W(nw.fail_kind == FAIL_NONFINITE, RESULTS.nonfinite_residual,
                         W(nw.fail_kind == FAIL_LINEAR, RESULTS.linear_solver_failures,
                           RESULTS.convergence_failures))))
+    npress = jnp.where(pressing, s.npress + 1, 0)
     result = W(gave_up_conv, conv_result,
                W(error_fail & ((nef >= MAX_ERROR_TEST_FAILS) | at_min_step),
-                 RESULTS.error_test_failures, RESULTS.successful))
+                 RESULTS.error_test_failures,
+                 W(passed & (npress >= MAX_CONV_FAILS), RESULTS.constraint_failures,
+                   RESULTS.successful)))
     # A step size driven to underflow by NaN residuals is a domain error (the solution
     # reached the edge of the residual's domain, e.g. sqrt of a state going negative).
     # Likewise a step size driven to underflow by an iterative linear solver that cannot
@@ -436,7 +451,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         phi=new_hist["y"], phiq=new_hist["q"], phis=new_hist["s"], phiqs=new_hist["sq"],
         psi=co["psi"], cj=cj, cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens,
         new_matrix=jnp.zeros((), bool), lin_state=lin_state,
-        jac_point=jac_point, nef=jnp.zeros_like(nef), ncf=jnp.zeros_like(ncf), stats=st, result=result,
+        jac_point=jac_point, nef=jnp.zeros_like(nef), ncf=jnp.zeros_like(ncf), npress=npress,
+        stats=st, result=result,
     )
     rejected_state = State(
         t=s.t, h=h_fail, h_used=s.h_used, k=k_fail, k_used=s.k_used, ns=co["ns"],
@@ -444,7 +460,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         phis=hist_fail["s"], phiqs=hist_fail["sq"], psi=jnp.where(first, s.psi.at[0].set(h_fail), s.psi), cj=cj,
         cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens, new_matrix=redo, lin_state=lin_state,
         jac_point=jac_point, nef=jnp.where(conv_fail, s.nef, nef),
-        ncf=ncf, stats=st, result=result,
+        ncf=ncf, npress=s.npress, stats=st, result=result,
     )
     # Both outcomes share the Newton's factorization: select everything else, not the
     # (n×n) factors.

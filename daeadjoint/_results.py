@@ -35,7 +35,9 @@ class RESULTS(eqx.Enumeration):
     constraint_failures = (
         "constraint_failures: the inequality `constraints` could not be met: the step was "
         "reduced 10 times (or reached min_step) with the corrected y still violating them "
-        "(IDAS IDA_CONSTR_FAIL)."
+        "(IDAS IDA_CONSTR_FAIL), or 10 steps in a row had to be projected back onto a "
+        "bound that the DAE drives the solution across (its y' points out of the "
+        "constrained set there: the constraint is inconsistent with the DAE)."
     )
     singular_matrix = (
         "singular_matrix: the iteration matrix dF/dy + cj dF/dy' is singular at every step "

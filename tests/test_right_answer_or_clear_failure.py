@@ -321,3 +321,20 @@ def test_consistent_initialization_at_tight_tolerances():
         assert abs(float(_monotone(0.0, y0, yp0, None)[1])) <= 4 * np.finfo(float).eps
         assert abs(yp0[0] + x0) <= 1e-12 * abs(x0) + 1e-14
         assert abs(float(sol.ys[1, 0]) - x0 * np.exp(-1.0)) <= 100 * (1e-12 * abs(x0) + 1e-14)
+
+
+# ------------------------------------------------------ item 10: an infeasible constraint
+def test_infeasible_constraint_is_a_constraint_failure():
+    """y >= 0 constrained while y' = -1 (y0 = 1): after t = 1 no solution satisfies
+    both. Each step past it was projected back onto y = 0 (the projection is below the
+    Newton tolerance for small steps), and the solve crept on in steps of ~1e-7 until
+    max_steps_reached. Now repeated projections against the DAE's y' end it with
+    constraint_failures just after t = 1, keeping what was computed before (y(0.5) =
+    0.5)."""
+    sol = dae.solve(lambda t, y, yp, a: yp + 1.0, 0.0, 2.0, jnp.ones(1), -jnp.ones(1),
+                    constraints=jnp.array([1]), saveat=jnp.array([0.5, 2.0]),
+                    rtol=RTOL, atol=RTOL, throw=False)
+    assert sol.result == dae.RESULTS.constraint_failures
+    assert 1.0 <= float(sol.stats["t_final"]) <= 1.0 + 1e-3
+    assert abs(float(sol.ys[0, 0]) - 0.5) <= BOUND
+    assert np.isinf(float(sol.ys[1, 0]))
