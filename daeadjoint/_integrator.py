@@ -125,6 +125,10 @@ class State(eqx.Module):
     # Consecutive accepted steps whose y was projected onto a bound the DAE drives it
     # across (`constraints`; see attempt_step).
     npress: Int[Array, ""]
+    # The step size of the last attempt that failed on a NaN/inf residual, until an
+    # accepted step is as large again (0: none): the integration is at the edge of the
+    # residual's domain, which the failures that follow are blamed on.
+    h_nan: Float[Array, ""]
     stats: dict
     result: Any
 
@@ -220,6 +224,7 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
         ss=jnp.asarray(20.0, dtype), ss_sens=jnp.asarray(20.0, dtype),
         new_matrix=jnp.zeros((), bool), lin_state=lin_state,
         jac_point=(jnp.asarray(t0, dtype), y0, yp0), nef=izero, ncf=izero, npress=izero,
+        h_nan=jnp.zeros((), dtype),
         stats=stats, result=RESULTS.successful,
     )
 
@@ -420,10 +425,18 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     # IDAS gives up after maxncf/maxnef failures in one step, or at once when a step
     # already at the minimum step size fails.
     gave_up_conv = conv_fail & ((ncf >= MAX_CONV_FAILS) | at_min_step)
+    # At the edge of the residual's domain (h_nan: a NaN residual at a larger step not
+    # yet recovered from), the step sizes collapse between NaN failures, error-test
+    # failures and iteration matrices that are not finite there (which look singular):
+    # the cause reported is the domain.
+    nan_fail = conv_fail & (nw.fail_kind == FAIL_NONFINITE)
+    at_edge = s.h_nan > 0
+    fail_kind = jnp.where(at_edge & (nw.fail_kind == FAIL_SINGULAR), FAIL_NONFINITE,
+                          nw.fail_kind)
     conv_result = W(constraint_fail, RESULTS.constraint_failures,
-                    W(nw.fail_kind == FAIL_SINGULAR, RESULTS.singular_matrix,
-                      W(nw.fail_kind == FAIL_NONFINITE, RESULTS.nonfinite_residual,
-                        W(nw.fail_kind == FAIL_LINEAR, RESULTS.linear_solver_failures,
+                    W(fail_kind == FAIL_SINGULAR, RESULTS.singular_matrix,
+                      W(fail_kind == FAIL_NONFINITE, RESULTS.nonfinite_residual,
+                        W(fail_kind == FAIL_LINEAR, RESULTS.linear_solver_failures,
                           RESULTS.convergence_failures))))
     npress = jnp.where(pressing, s.npress + 1, 0)
     result = W(gave_up_conv, conv_result,
@@ -435,8 +448,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     # reached the edge of the residual's domain, e.g. sqrt of a state going negative).
     # Likewise a step size driven to underflow by an iterative linear solver that cannot
     # reach its tolerance is that solver's failure, not a singularity of the solution.
-    underflow = W(conv_fail & (nw.fail_kind == FAIL_NONFINITE), RESULTS.nonfinite_residual,
-                  W(conv_fail & (nw.fail_kind == FAIL_LINEAR), RESULTS.linear_solver_failures,
+    underflow = W(nan_fail | at_edge, RESULTS.nonfinite_residual,
+                  W(conv_fail & (fail_kind == FAIL_LINEAR), RESULTS.linear_solver_failures,
                     RESULTS.step_size_too_small))
     result = W(s.t + h_next == s.t, underflow, result)
     result = W(nw.mask_violated, RESULTS.wrong_algebraic_mask, result)
@@ -452,7 +465,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         psi=co["psi"], cj=cj, cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens,
         new_matrix=jnp.zeros((), bool), lin_state=lin_state,
         jac_point=jac_point, nef=jnp.zeros_like(nef), ncf=jnp.zeros_like(ncf), npress=npress,
-        stats=st, result=result,
+        h_nan=jnp.where(h >= s.h_nan, 0.0, s.h_nan), stats=st, result=result,
     )
     rejected_state = State(
         t=s.t, h=h_fail, h_used=s.h_used, k=k_fail, k_used=s.k_used, ns=co["ns"],
@@ -460,7 +473,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         phis=hist_fail["s"], phiqs=hist_fail["sq"], psi=jnp.where(first, s.psi.at[0].set(h_fail), s.psi), cj=cj,
         cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens, new_matrix=redo, lin_state=lin_state,
         jac_point=jac_point, nef=jnp.where(conv_fail, s.nef, nef),
-        ncf=ncf, npress=s.npress, stats=st, result=result,
+        ncf=ncf, npress=s.npress, h_nan=jnp.where(nan_fail, h, s.h_nan), stats=st,
+        result=result,
     )
     # Both outcomes share the Newton's factorization: select everything else, not the
     # (n×n) factors.

@@ -45,9 +45,11 @@ class RESULTS(eqx.Enumeration):
         "not determine the algebraic variables, or its Jacobian is not finite there."
     )
     nonfinite_residual = (
-        "nonfinite_residual: the residual returned NaN or inf at every step size tried: the "
-        "solution left the residual's domain (e.g. the log or sqrt of a state that went "
-        "negative) or blew up; look at sol.stats['t_final'] and the partial solution."
+        "nonfinite_residual: the residual returned NaN or inf at every step size tried, or "
+        "the step size collapsed at the edge of its domain (between NaN residuals beyond "
+        "it and a Jacobian not finite on it): the solution left the residual's domain "
+        "(e.g. the log or sqrt of a state that went negative) or blew up; look at "
+        "sol.stats['t_final'] and the partial solution."
     )
     step_size_too_small = (
         "step_size_too_small: the step size underflowed, t + h == t in floating point "
