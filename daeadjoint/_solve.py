@@ -534,14 +534,18 @@ def solve(
     - `residual`: `F(t, y, yp, args) -> array` shaped like `y`.
     - `t0`, `t1`: the interval, t1 > t0.
     - `y0`: 1-D initial state. The working precision is the promoted dtype of `y0`,
-      `yp0` and the residual's output (float64 recommended).
+      `yp0` and the residual's output: float32 or float64 (recommended); complex values
+      and other precisions are refused.
     - `yp0`: initial y'. Default None: computed together with the algebraic components of
       y0 by consistent initialization (as `init="ya_ydp"`).
     - `args`: any pytree passed to `residual` (and `quadrature`), e.g. an `eqx.nn.MLP`:
       its inexact arrays are differentiable, everything else is static.
-    - `saveat`: sorted 1-D array of output times in [t0, t1]; default `[t1]`. Outputs come
-      from the BDF interpolating polynomial; steps are not forced onto them.
+    - `saveat`: sorted 1-D array of output times in [t0, t1] (times within 4·eps of
+      either end count as that end); default `[t1]`. Outputs come from the BDF
+      interpolating polynomial; steps are not forced onto them.
     - `algebraic`: bool mask, True where y_i is algebraic (F does not depend on y'_i).
+      Checked: column i of F_y' must be zero at t0 and at each Jacobian setup, else
+      `RESULTS.wrong_algebraic_mask`.
     - `init`: None (take y0, yp0 as consistent), `"ya_ydp"` (compute the algebraic part of
       y0 and the differential part of y'0 from the differential part of y0), or `"y"`
       (compute all of y0 from y'0).
@@ -559,7 +563,8 @@ def solve(
       for more (its cost does not grow with the number of observations).
     - `forward_sensitivity`: options of forward mode, `ForwardSensitivity()` by default
       (staggered corrector, full error control).
-    - `throw`: raise on failure (via `equinox.error_if`, works under jit). With False,
+    - `throw`: raise on failure (`equinox.EquinoxRuntimeError`: from `solve` itself
+      outside jit, via `equinox.error_if` under jit). With False,
       inspect `sol.result`; the solution up to the failure is returned, and derivatives
       of a failed solve are NaN.
     - `tstop`: never step past this time (≥ t1). Default: the integrator may step past t1
