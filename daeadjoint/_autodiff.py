@@ -522,6 +522,10 @@ def _cotangent_impl(config, inputs, rec, ct, wanted, ndir):
     ctk = ct if ndir is not None else jax.tree_util.tree_map(lambda x: x[None], ct)
     out, result = config.reverse.backward(config, inputs, rec, ctk, wanted)
     out = _flag_failure(config, result, rec.result, out)
+    # Each cotangent in its input's dtype (the backward pass works in the state's: a
+    # float32 parameter of a float64 solve got a float64 cotangent, which XLA refused).
+    like = _restrict(_full(inputs, None), wanted)
+    out = jax.tree_util.tree_map(lambda o, x: o.astype(jnp.result_type(x)), out, like)
     if ndir is None:
         return jax.tree_util.tree_map(lambda x: x[0], out)
     return out

@@ -404,7 +404,7 @@ def test_every_replayed_segment_repeats_the_forward_steps(monkeypatch):
     every = 10
     got = {}
     monkeypatch.setattr(solve_module, "_solve_compiled",
-                        lambda config, inputs, throw: got.update(config=config, inputs=inputs))
+                        lambda config, inputs: got.update(config=config, inputs=inputs))
     dae.solve(_square_wave_decay, 0.0, 10.0, jnp.ones(1), args=jnp.asarray(3.0), rtol=1e-8,
               atol=1e-8, sensitivity=dae.Adjoint(checkpoint_every=every))
     config = dataclasses.replace(got["config"], dense=1)   # also keep every step
