@@ -403,10 +403,18 @@ def test_every_replayed_segment_repeats_the_forward_steps(monkeypatch):
 
     every = 10
     got = {}
-    monkeypatch.setattr(solve_module, "_solve_compiled",
-                        lambda config, inputs: got.update(config=config, inputs=inputs))
-    dae.solve(_square_wave_decay, 0.0, 10.0, jnp.ones(1), args=jnp.asarray(3.0), rtol=1e-8,
-              atol=1e-8, sensitivity=dae.Adjoint(checkpoint_every=every))
+
+    class Captured(Exception):
+        pass
+
+    def capture(config, inputs):   # the solve's configuration, as `solve` builds it
+        got.update(config=config, inputs=inputs)
+        raise Captured
+
+    monkeypatch.setattr(solve_module, "_solve_compiled", capture)
+    with pytest.raises(Captured):
+        dae.solve(_square_wave_decay, 0.0, 10.0, jnp.ones(1), args=jnp.asarray(3.0),
+                  rtol=1e-8, atol=1e-8, sensitivity=dae.Adjoint(checkpoint_every=every))
     config = dataclasses.replace(got["config"], dense=1)   # also keep every step
     core, rec = jax.jit(lambda i: run_forward(config, i, record=True))(got["inputs"])
     steps, cks = core.dense, rec.checkpoints
