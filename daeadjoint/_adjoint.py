@@ -88,6 +88,12 @@ class Adjoint(eqx.Module):
       in the adjoint error test (IDAS errconQB; default True: on Robertson it makes the
       rtol-1e-6 gradient 30x more accurate for ~the same number of steps).
     - `max_steps`: adjoint steps allowed between two restarts (default: the forward one).
+    - `fallback`: when the backward integration fails (`RESULTS.adjoint_failed`) but the
+      forward solve succeeded, compute this gradient with the discrete adjoint instead
+      (it re-runs the forward solve recording its steps) and warn (`RuntimeWarning`;
+      the gradient is computed after the `Solution` is returned, so its `stats` cannot
+      say so). Default True; with False the failure is reported (NaN, and an error
+      with `throw=True`).
     """
 
     checkpoint_every: int = eqx.field(static=True, default=100)
@@ -96,6 +102,7 @@ class Adjoint(eqx.Module):
     atol: float | None = None
     quad_error_control: bool = eqx.field(static=True, default=True)
     max_steps: int | None = eqx.field(static=True, default=None)
+    fallback: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
         if self.interpolation not in ("hermite", "bdf"):
@@ -113,7 +120,38 @@ class Adjoint(eqx.Module):
                                                     hermite=self.interpolation == "hermite"))
 
     def backward(self, config, inputs, rec, ct, wanted):
-        return backward(self, config, inputs, rec, ct, wanted)
+        out, result = backward(self, config, inputs, rec, ct, wanted)
+        if not self.fallback:
+            return out, result
+        return discrete_fallback(self, config, inputs, rec, ct, wanted, out, result)
+
+
+def discrete_fallback(adjoint: Adjoint, config, inputs, rec, ct, wanted, out, result):
+    """Where the continuous adjoint failed on a successful forward solve: the discrete
+    adjoint's gradient (the forward solve re-run with its step log) and a warning. Runs
+    only when some batch member failed (the predicate is shared by the batch)."""
+    from ._core import run_forward
+    from ._discrete_adjoint import DiscreteAdjoint
+
+    failed = (result == RESULTS.adjoint_failed) & succeeded(rec.result)
+
+    def discrete():
+        cfg = dataclasses.replace(
+            config, reverse=DiscreteAdjoint(segment=adjoint.checkpoint_every), dense=0)
+        _, rec_d = run_forward(cfg, inputs, record=True)
+        out_d, result_d = cfg.reverse.backward(cfg, inputs, rec_d, ct, wanted)
+        jax.debug.callback(_warn_fallback, result_d == RESULTS.successful)
+        return (tree_where(failed, out_d, out), RESULTS.where(failed, result_d, result))
+
+    return jax.lax.cond(eqxi.unvmap_any(failed), discrete, lambda: (out, result))
+
+
+def _warn_fallback(ok):
+    import warnings
+    how = ("the gradient comes from the discrete adjoint" if bool(jnp.all(ok)) else
+           "the discrete adjoint failed too")
+    warnings.warn(f"daeadjoint: the continuous adjoint failed where the forward solve "
+                  f"succeeded; {how} (Adjoint(fallback=True)).", RuntimeWarning, stacklevel=2)
 
 
 # ------------------------------------------------------------ the adjoint DAE (A)
