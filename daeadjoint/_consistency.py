@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Callable
 
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +36,7 @@ from jaxtyping import Array, Bool, Float
 
 from ._initialization import SUCCESS, calc_ic
 from ._linear_solver import masked_residual
+from ._newton import tree_where
 
 
 # Without an `algebraic` mask, up to this many unknowns the algebraic directions are found
@@ -119,8 +121,11 @@ def split_at(auto: bool, residual, t, y, yp, args, algebraic) -> Split:
             return right, left_diagonal > jnp.sqrt(eps)
 
         singular = factored_is_singular(factor(E)) | ~jnp.all(jnp.isfinite(E))
-        return jax.lax.cond(singular, projectors,
-                            lambda: (jnp.zeros_like(E), jnp.zeros((n,), bool)))
+        none = (jnp.zeros_like(E), jnp.zeros((n,), bool))
+        # unvmap_any: under vmap a batched predicate would run the SVD for every member
+        # of every batch; this way a batch of ODEs never does.
+        return jax.lax.cond(eqxi.unvmap_any(singular),
+                            lambda: tree_where(singular, projectors(), none), lambda: none)
 
     pi, equations = jax.lax.stop_gradient(compute(t, y, yp, args))
     return Split(mask=jnp.zeros_like(algebraic), projector=pi, equations=equations)

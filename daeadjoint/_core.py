@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
@@ -233,7 +234,11 @@ def _explain_failure(config, inputs, y0, yp0, state) -> RESULTS:
     close to a large t0 as the time origin's fault (`RESULTS.time_not_resolved`)."""
     result = state.result
     first = (state.stats["num_steps"] == 0) & (result != RESULTS.successful)
-    inconsistent = jax.lax.cond(first, lambda: inconsistent_start(config, inputs, y0, yp0),
+    # unvmap_any: a batched predicate would turn the cond into a select that runs the
+    # diagnosis (a dense factorization for auto-split problems) for every member of
+    # every batch; under a sharded batch that select also deadlocked XLA's CPU runtime.
+    inconsistent = jax.lax.cond(eqxi.unvmap_any(first),
+                                lambda: first & inconsistent_start(config, inputs, y0, yp0),
                                 lambda: jnp.zeros((), bool))
     result = RESULTS.where(first & inconsistent & ~_is_start_failure(result),
                            RESULTS.inconsistent_initial_conditions, result)
