@@ -88,6 +88,12 @@ class Adjoint(eqx.Module):
       in the adjoint error test (IDAS errconQB; default True: on Robertson it makes the
       rtol-1e-6 gradient 30x more accurate for ~the same number of steps).
     - `max_steps`: adjoint steps allowed between two restarts (default: the forward one).
+    - `fallback`: when the backward integration fails (`RESULTS.adjoint_failed`) but the
+      forward solve succeeded, compute this gradient with the discrete adjoint instead
+      (it re-runs the forward solve recording its steps) and warn (`RuntimeWarning`;
+      the gradient is computed after the `Solution` is returned, so its `stats` cannot
+      say so). Default True; with False the failure is reported (NaN, and an error
+      with `throw=True`).
     """
 
     checkpoint_every: int = eqx.field(static=True, default=100)
@@ -96,6 +102,7 @@ class Adjoint(eqx.Module):
     atol: float | None = None
     quad_error_control: bool = eqx.field(static=True, default=True)
     max_steps: int | None = eqx.field(static=True, default=None)
+    fallback: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
         if self.interpolation not in ("hermite", "bdf"):
@@ -113,7 +120,38 @@ class Adjoint(eqx.Module):
                                                     hermite=self.interpolation == "hermite"))
 
     def backward(self, config, inputs, rec, ct, wanted):
-        return backward(self, config, inputs, rec, ct, wanted)
+        out, result = backward(self, config, inputs, rec, ct, wanted)
+        if not self.fallback:
+            return out, result
+        return discrete_fallback(self, config, inputs, rec, ct, wanted, out, result)
+
+
+def discrete_fallback(adjoint: Adjoint, config, inputs, rec, ct, wanted, out, result):
+    """Where the continuous adjoint failed on a successful forward solve: the discrete
+    adjoint's gradient (the forward solve re-run with its step log) and a warning. Runs
+    only when some batch member failed (the predicate is shared by the batch)."""
+    from ._core import run_forward
+    from ._discrete_adjoint import DiscreteAdjoint
+
+    failed = (result == RESULTS.adjoint_failed) & succeeded(rec.result)
+
+    def discrete():
+        cfg = dataclasses.replace(
+            config, reverse=DiscreteAdjoint(segment=adjoint.checkpoint_every), dense=0)
+        _, rec_d = run_forward(cfg, inputs, record=True)
+        out_d, result_d = cfg.reverse.backward(cfg, inputs, rec_d, ct, wanted)
+        jax.debug.callback(_warn_fallback, result_d == RESULTS.successful)
+        return (tree_where(failed, out_d, out), RESULTS.where(failed, result_d, result))
+
+    return jax.lax.cond(eqxi.unvmap_any(failed), discrete, lambda: (out, result))
+
+
+def _warn_fallback(ok):
+    import warnings
+    how = ("the gradient comes from the discrete adjoint" if bool(jnp.all(ok)) else
+           "the discrete adjoint failed too")
+    warnings.warn(f"daeadjoint: the continuous adjoint failed where the forward solve "
+                  f"succeeded; {how} (Adjoint(fallback=True)).", RuntimeWarning, stacklevel=2)
 
 
 # ------------------------------------------------------------ the adjoint DAE (A)
@@ -331,6 +369,7 @@ class _Backward(eqx.Module):
     algebraic: jax.Array
     auto_split: bool = eqx.field(static=True)
     ts: jax.Array
+    breakpoints: jax.Array | None
     ybar: jax.Array              # (k, n_save, n)
     ypbar: jax.Array
     qbar: jax.Array              # (k, n_save, nq)
@@ -371,10 +410,21 @@ class _Backward(eqx.Module):
         qz = jnp.zeros((self.k, self.qbar.shape[2]), dtype)
         return jax.lax.while_loop(cond, body, (idx, z, z, qz))
 
-    def next_time(self, t_low, obs):
-        """Where the integration of (A) stops next: the next earlier observation or the
-        segment's start."""
-        return jnp.maximum(t_low, jnp.where(obs >= 0, self.ts[jnp.maximum(obs, 0)], -jnp.inf))
+    def next_time(self, t_low, obs, t_cur):
+        """Where the integration of (A) stops next: the next earlier observation, the
+        next earlier breakpoint of the inputs, or the segment's start."""
+        t = jnp.maximum(t_low, jnp.where(obs >= 0, self.ts[jnp.maximum(obs, 0)], -jnp.inf))
+        if self.breakpoints is None:
+            return t
+        return jnp.maximum(t, jnp.max(jnp.where(self.breakpoints < t_cur, self.breakpoints,
+                                                -jnp.inf)))
+
+    def at_breakpoint(self, t):
+        """(A) restarts at the inputs' breakpoints: its coefficients F_y, F_y' jump
+        there with y' of the forward solution."""
+        if self.breakpoints is None:
+            return jnp.zeros((), bool)
+        return jnp.any(self.breakpoints == t)
 
 
 # The backward pass's carry (a dict): c (segment index), t_cur (time reached), obs (next
@@ -389,7 +439,8 @@ def observe(bw: _Backward, c: dict) -> dict:
     values."""
     k, npar, dtype = bw.k, bw.terms.npar, bw.rtol.dtype
     obs, yb, ypb, qb = bw.observed_at(c["obs"], c["t_cur"])
-    jumps = jnp.any(yb != 0) | jnp.any(ypb != 0) | jnp.any(qb != 0) | ~c["started"]
+    jumps = (jnp.any(yb != 0) | jnp.any(ypb != 0) | jnp.any(qb != 0) | ~c["started"]
+             | bw.at_breakpoint(c["t_cur"]))
     adj_old = c["adj"]
     old = (adj_old, c["w"], c["pbar"], c["adj_steps"], c["t_r"], c["equations"])
 
@@ -402,7 +453,7 @@ def observe(bw: _Backward, c: dict) -> dict:
         split = bw.split(t, y, yp)
         mu, p_jump = jump(bw.terms, bw.solver, split, t, y, yp, mu, yb, ypb, bw.p)
         Z, Zs = restart_values(bw.terms, bw.solver, split, t, mu, w, y, yp, bw.p)
-        t_next = bw.next_time(c["t_low"], obs)
+        t_next = bw.next_time(c["t_low"], obs, t)
         equations = split.algebraic_equations
         prob = bw.problem(c["buf"], w, t, t_next, equations)   # s = t_r − t restarts at 0
         s0 = jnp.zeros((), dtype)
@@ -439,7 +490,7 @@ def integrate_segment(bw: _Backward, c: dict, max_steps: int) -> dict:
 
     def body(c):
         c = rebase(observe(bw, c))
-        t_next = bw.next_time(c["t_low"], c["obs"])
+        t_next = bw.next_time(c["t_low"], c["obs"], c["t_cur"])
         t_r = c["t_r"]
         adj, _, _, _ = integrate(bw.problem(c["buf"], c["w"], t_r, t_next, c["equations"]),
                                  c["adj"], empty, t_r - t_next, max_steps)
@@ -498,6 +549,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
     bw = _Backward(
         adjoint=adjoint, terms=terms, solver=config.linear_solver, p=p,
         algebraic=inputs.algebraic, auto_split=config.auto_split, ts=ts,
+        breakpoints=inputs.breakpoints,
         ybar=yd_bar[:, :, 0], ypbar=yd_bar[:, :, 1],
         qbar=qbar, n=n, k=k,
         rtol=jnp.asarray(inputs.rtol if adjoint.rtol is None else adjoint.rtol, dtype),

@@ -367,7 +367,7 @@ def augmented(config, inputs: Inputs, u: Tangents):
         algebraic=jnp.concatenate([inputs.algebraic, inputs.algebraic]), rtol=inputs.rtol,
         atol=jnp.concatenate([jnp.broadcast_to(inputs.atol, (n,)), atol_s]),
         quad_rtol=inputs.quad_rtol, quad_atol=jnp.concatenate([inputs.quad_atol, qatol_s]),
-        tstop=inputs.tstop)
+        tstop=inputs.tstop, breakpoints=inputs.breakpoints)
     out = solve_core(g_config, g_inputs)
     nq = inputs.quad_atol.shape[0]
     primal = (out.yd[..., :n], out.qs[:, :nq], out.event_t, out.event_yd[..., :n])

@@ -323,3 +323,59 @@ def initial_sensitivities(config, inputs, y0, yp0, tangents, k: int):
     qsp0 = jax.vmap(q_lin)(s0, sp0, dd)
     qs0 = -t0d[:, None] * q0[None]
     return s0, sp0, qs0, qsp0, singular
+
+
+# ------------------------------------------------------------ restarts at breakpoints
+
+
+def after(t):
+    """t moved 4 ulps forward: past a corner at t, however the model's pieces meet."""
+    return t + 4 * jnp.finfo(t.dtype).eps * jnp.maximum(jnp.abs(t), jnp.finfo(t.dtype).tiny)
+
+
+def before(t):
+    """t moved 4 ulps back: short of a corner at t (`after`'s mirror)."""
+    return t - 4 * jnp.finfo(t.dtype).eps * jnp.maximum(jnp.abs(t), jnp.finfo(t.dtype).tiny)
+
+
+def restart_point(residual, linear_solver, split: Split, t, y, yp, args, iters: int = 2):
+    """(y, y') consistent at a restart of the integration at t (a breakpoint of the
+    inputs, where y' may jump): Newton on F(t, y + Πu, y' + (I − Π)u) = 0 from u = 0 —
+    IDACalcIC's YA_YDP, with the differential part of y kept and y' of the last step
+    as the guess. `iters` iterations with the consistency matrix at the start (the
+    residual is linear in y' for most DAEs, and y_a moves only by the rounding of the
+    last step's corrector, so two iterations converge). Differentiable.
+
+    F is evaluated a few ulps after t (`after`): models commonly give the value of the
+    piece before a corner at the corner itself (the Test Set's pulses do), and the
+    restart needs the slopes that hold after it."""
+    t = after(t)
+    for _ in range(iters):
+        f = residual(t, y, yp, args)
+        u, _ = consistency_solve(linear_solver, residual, t, y, yp, args, split, -f[None])
+        y, yp = y + split.alg(u[0]), yp + split.diff(u[0])
+    return y, yp
+
+
+def restart_sensitivities(residual, linear_solver, split: Split, t, y, yp, args, s, sp,
+                          args_dot):
+    """(s, s') of k directions (rows) consistent with the linearized DAE at a restart
+    point (t, y, y'), from the last step's values: the differential part of s and the
+    algebraic part of s' are kept (as `restart_point` keeps y's), the rest solves
+    F_y s + F_y' s' + F_p ṗ = 0 (IDAS manual eq. (6.11))."""
+    dyn, static = eqx.partition(args, eqx.is_inexact_array)
+    t = after(t)
+
+    def f(y_, yp_, d_):
+        return residual(t, y_, yp_, eqx.combine(d_, static))
+
+    _, f_lin = jax.linearize(f, y, yp, dyn)
+    s_known, sp_known = split.diff(s), split.alg(sp)
+    if args_dot is None:
+        zero = jax.tree_util.tree_map(jnp.zeros_like, dyn)
+        r = jax.vmap(lambda a, b: f_lin(a, b, zero))(s_known, sp_known)
+    else:
+        r = jax.vmap(f_lin)(s_known, sp_known, args_dot)
+    v, _ = consistency_solve(linear_solver, lambda t_, y_, yp_, d_: f(y_, yp_, d_), t, y, yp,
+                             dyn, split, -r)
+    return s_known + split.alg(v), split.diff(v) + sp_known

@@ -81,6 +81,7 @@ class Inputs(eqx.Module):
     max_step: Float[Array, ""] | float = jnp.inf
     min_step: Float[Array, ""] | float = 0.0
     first_step: Float[Array, ""] | float = jnp.nan   # NaN: IDAS's heuristic
+    breakpoints: Float[Array, " B"] | None = None     # sorted; None: no breakpoints
 
 
 class Core(eqx.Module):
@@ -150,6 +151,9 @@ def build_problem(config: Config, inputs: Inputs, sens=None, linear_solver=None)
         error_mask=error_mask.astype(dtype), quad_rtol=inputs.quad_rtol,
         quad_atol=inputs.quad_atol, quad_error_control=config.quad_error_control,
         tstop=inputs.tstop, sens=sens, constraints=inputs.constraints,
+        breakpoints=inputs.breakpoints,
+        algebraic=None if inputs.breakpoints is None else inputs.algebraic,
+        auto_split=config.auto_split,
         max_step=inputs.max_step, min_step=inputs.min_step, max_order=config.max_order,
         event=config.event, algebraic_probe=algebraic_probe(config, inputs))
 

@@ -31,8 +31,9 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from ._bdf import NPHI, complete_history, derivative_weights, predict, scale_history, set_coefficients
-from ._consistency import split_at
+from ._bdf import (NPHI, complete_history, derivative_weights, interpolation_weights, predict,
+                   scale_history, set_coefficients)
+from ._consistency import after, before, restart_point, split_at
 from ._integrator import CheckpointRecorder, StepLog
 from ._linear_solver import SetupWithArgs
 from ._events import observations
@@ -165,11 +166,37 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
     log_t = jnp.pad(log.t, (0, pad), constant_values=jnp.inf)
     log_h = jnp.pad(log.h, (0, pad), constant_values=1.0)
     log_k = jnp.pad(log.k, (0, pad), constant_values=1)
+    # Each step's start time, and whether the forward run restarted the history there
+    # (the step before it ended on a breakpoint of the inputs).
+    prev_t = jnp.concatenate([jnp.full((1,), -jnp.inf, dtype), log_t[:-1]])
+    bps = inputs.breakpoints
+    restarts = (jnp.zeros(log_t.shape, bool) if bps is None
+                else jnp.any(prev_t[:, None] == bps[None, :], axis=1))
     # The step whose interval (t_{m−1}, t_m] contains each output (non-differentiable data).
     step_of = jnp.clip(jnp.searchsorted(log.t, ts), 0, jnp.maximum(count - 1, 0))
 
+    def restart(carry, t_b, h, p):
+        """The forward run's restart at a breakpoint t_b (`restart_at_breakpoint`): y, y'
+        of the last step's interpolant made consistent at t_b⁺ (`restart_point`), the
+        histories [y, h y'] with h the first step's size."""
+        phi, phiq, (psi, k_used, _, _) = carry
+        c, d = interpolation_weights(t_b, t_b, psi, k_used)
+        y, yp = jnp.tensordot(c, phi, 1), jnp.tensordot(d, phi, 1)
+        args = (p, pst_arrays)
+        split = split_at(config.auto_split, F, t_b, y, yp, args, a)
+        y, yp = restart_point(F, solver, split, t_b, y, yp, args)
+
+        def fresh(value, slope):
+            return jnp.zeros((NPHI,) + value.shape, dtype).at[0].set(value).at[1].set(h * slope)
+
+        control = (jnp.zeros((NPHI,), dtype).at[0].set(h), jnp.zeros((), jnp.int32),
+                   jnp.zeros((), dtype), jnp.zeros((), jnp.int32))
+        return fresh(y, yp), fresh(phiq[0], Q(after(t_b), y, yp, p)), control
+
     def one_step(carry, xs, p):
-        t_new, h, k, valid = xs
+        t_new, h, k, valid, t_prev, restarted = xs
+        if bps is not None:
+            carry = jax.lax.cond(restarted, lambda: restart(carry, t_prev, h, p), lambda: carry)
         # Past the last recorded step the replay computes a dummy step that the `where`
         # below discards. Its inputs are cut from the gradient, so that a dummy step that
         # diverges (NaN) cannot poison the gradient through the discarded branch
@@ -184,10 +211,12 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
         phi_s = scale_history(phi, co["beta"], co["ns"], k)
         phiq_s = scale_history(phiq, co["beta"], co["ns"], k)
         y_pred, yp_pred = predict(phi_s, co["gamma"], k)
-        e = _corrector(solver, F, t_new, y_pred, yp_pred, co["cj"], (p, pst_arrays), adjoint.newton_iters)
+        # The forward step's evaluation time (`_integrator.evaluation_time`).
+        t_eval = t_new if bps is None else jnp.where(jnp.any(bps == t_new), before(t_new), t_new)
+        e = _corrector(solver, F, t_eval, y_pred, yp_pred, co["cj"], (p, pst_arrays), adjoint.newton_iters)
         y, yp = y_pred + e, yp_pred + co["cj"] * e
         _, ypq_pred = predict(phiq_s, co["gamma"], k)
-        eq = (Q(t_new, y, yp, p) - ypq_pred) / co["cj"]
+        eq = (Q(t_eval, y, yp, p) - ypq_pred) / co["cj"]
         new = (complete_history(phi_s, e, k), complete_history(phiq_s, eq, k),
                (co["psi"], k, h, co["ns"]))
         new = jax.tree_util.tree_map(lambda x, y_: jnp.where(valid, x, y_), new, carry)
@@ -198,9 +227,11 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
         history and this segment's contribution to every output row (others zero)."""
         start = c * N
         idx = start + jnp.arange(N)
+        t_prev = jax.lax.dynamic_slice(prev_t, (start,), (N,))
         xs = (jax.lax.dynamic_slice(log_t, (start,), (N,)),
               jax.lax.dynamic_slice(log_h, (start,), (N,)),
-              jax.lax.dynamic_slice(log_k, (start,), (N,)), idx < count)
+              jax.lax.dynamic_slice(log_k, (start,), (N,)), idx < count, t_prev,
+              jax.lax.dynamic_slice(restarts, (start,), (N,)))
         (phi, phiq, _), (phis, phiqs, psis, ks) = jax.lax.scan(
             lambda cr, x: one_step(cr, x, p), (phi, phiq, control), xs)
         local = jnp.clip(step_of - start, 0, N - 1)

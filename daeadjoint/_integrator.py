@@ -37,7 +37,7 @@ from ._forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
                                    sensitivity_corrector)
 from ._initialization import violated
 from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR,
-                      newton_solve, tree_where)
+                      maybe_update, newton_solve, tree_where)
 from ._results import RESULTS
 
 MAX_ERROR_TEST_FAILS = 10   # IDAS maxnef
@@ -89,6 +89,13 @@ class Problem(eqx.Module):
     algebraic_probe: Array | None = None
     # Report progress every this many accepted steps (0: off; costs nothing then).
     progress: int = eqx.field(static=True, default=0)
+    # Sorted times where the model's inputs are not smooth, or None: steps end exactly
+    # on each and the BDF restarts there at order 1 (`restart_at_breakpoint`), from
+    # values made consistent with the split of `algebraic` / `auto_split`
+    # (`_consistency.split_at`).
+    breakpoints: Array | None = None
+    algebraic: Array | None = None
+    auto_split: bool = eqx.field(static=True, default=False)
 
     def quad(self, t, y, yp):
         if self.quadrature is None:
@@ -129,6 +136,13 @@ class State(eqx.Module):
     # accepted step is as large again (0: none): the integration is at the edge of the
     # residual's domain, which the failures that follow are blamed on.
     h_nan: Float[Array, ""]
+    # The next attempt starts the integration (IDAS's nst == 0 logic: J set up, phi_1
+    # rescaled with h on a failure): at t0 and after a restart at a breakpoint.
+    fresh: Bool[Array, ""]
+    # The last step ended on a breakpoint: the next attempt restarts the history there.
+    # (Not at once: the outputs in that step, and a checkpoint, are taken from the
+    # history of the step itself.)
+    restart_pending: Bool[Array, ""]
     stats: dict
     result: Any
 
@@ -157,9 +171,89 @@ def initial_step(problem: Problem, t0, y0, yp0, qp0, t_out, s0=None, sp0=None) -
     return clamp_to_tstop(problem, t0, h)
 
 
+def next_stop(problem: Problem, t):
+    """Where the next step must end at the latest: tstop, or the first breakpoint after
+    t."""
+    if problem.breakpoints is None:
+        return problem.tstop
+    bps = problem.breakpoints
+    return jnp.minimum(problem.tstop, jnp.min(jnp.where(bps > t, bps, jnp.inf)))
+
+
 def clamp_to_tstop(problem, t, h):
-    """h, or the step to tstop where t + h would pass it (`step_end` then lands on it)."""
-    return jnp.where(t + h > problem.tstop, problem.tstop - t, h)
+    """h, or the step to the next stop (tstop or a breakpoint) where t + h would pass it
+    (`step_end` then lands on it)."""
+    stop = next_stop(problem, t)
+    return jnp.where(t + h > stop, stop - t, h)
+
+
+def evaluation_time(problem: Problem, t_new):
+    """Where a step ending at t_new evaluates the model: a few ulps before t_new when
+    t_new is a breakpoint (`_consistency.before`), so that the step sees the piece of
+    the inputs it integrates, however the model assigns the corner itself (a square wave
+    written `where(t < ½, 1, −1)` gives the next piece's value at ½); the restart
+    there sees the piece after it (`_consistency.after`)."""
+    if problem.breakpoints is None:
+        return t_new
+    from ._consistency import before
+    return jnp.where(jnp.any(problem.breakpoints == t_new), before(t_new), t_new)
+
+
+def restart_at_breakpoint(problem: Problem, s: State) -> State:
+    """After a step that ended on a breakpoint, start the BDF afresh there: order 1,
+    phase 0, histories [y, h y'] (and likewise for quadratures and sensitivities) from
+    values made consistent at t⁺ (`_consistency.restart_point`: y' may jump with the
+    inputs), and a first step by IDAS's rule ‖h y'‖ ≤ 1/2, at most the last step. The
+    last step's history spans the kink of the inputs: its polynomial would predict past
+    the kink as if there were none (the Test Set's drivers restart the integration at
+    every breakpoint, as IDAReInit and IDACalcIC do). Only for states with
+    `restart_pending` (a loop of at most one trip: the restart costs nothing on the
+    other steps)."""
+    from ._consistency import after, restart_point, restart_sensitivities, split_at
+
+    def restarted():
+        dtype = s.phi.dtype
+        t = s.t
+        c, d = interpolation_weights(t, t, s.psi, s.k_used)
+        y, yp = jnp.tensordot(c, s.phi, 1), jnp.tensordot(d, s.phi, 1)
+        split = split_at(problem.auto_split, problem.residual, t, y, yp, problem.args,
+                         problem.algebraic)
+        y, yp = restart_point(problem.residual, problem.linear_solver, split, t, y, yp,
+                              problem.args)
+        ewt = error_weights(y, problem.rtol, problem.atol) * problem.error_mask
+        ypnorm = grouped_wrms(yp, ewt, problem.error_groups)
+        sens = problem.sens if (problem.sens is not None and problem.sens.k > 0) else None
+        if sens is not None:
+            phis = stacked(s.phis)
+            sv, sp = jnp.tensordot(c, phis, 1), jnp.tensordot(d, phis, 1)
+            sv, sp = restart_sensitivities(problem.residual, problem.linear_solver, split, t,
+                                           y, yp, problem.args, sv, sp, sens.args_dot)
+            if sens.error_control:
+                ewt_s = error_weights(sv, problem.rtol, sens.atol) * problem.error_mask
+                ypnorm = jnp.maximum(ypnorm, jnp.max(jax.vmap(wrms)(sp, ewt_s)))
+        h_last = jnp.where(s.h_used > 0, s.h_used, s.h)
+        h0 = jnp.where(ypnorm * h_last > 0.5, 0.5 / jnp.where(ypnorm > 0, ypnorm, 1.0), h_last)
+        h0 = clamp_to_tstop(problem, t, h0)
+
+        def fresh(value, slope):
+            return jnp.zeros((NPHI,) + value.shape, dtype).at[0].set(value).at[1].set(h0 * slope)
+
+        phiq = fresh(s.phiq[0], problem.quad(after(t), y, yp))
+        phis, phiqs = s.phis, s.phiqs
+        if sens is not None:
+            phis = history_layout(fresh(sv, sp))
+            qs = stacked(s.phiqs)[0]
+            qsp = (quadrature_sensitivities(problem, sens, after(t), y, yp, sv, sp)
+                   if qs.shape[-1] else jnp.zeros_like(qs))
+            phiqs = history_layout(fresh(qs, qsp))
+        return dataclasses.replace(
+            s, h=h0, h_used=jnp.zeros((), dtype), k=jnp.ones_like(s.k),
+            k_used=jnp.zeros_like(s.k), ns=jnp.zeros_like(s.ns), phase=jnp.zeros_like(s.phase),
+            phi=fresh(y, yp), phiq=phiq, phis=phis, phiqs=phiqs,
+            psi=jnp.zeros_like(s.psi).at[0].set(h0), cj=1 / h0, fresh=jnp.ones((), bool),
+            restart_pending=jnp.zeros((), bool))
+
+    return maybe_update(s.restart_pending, restarted, s)
 
 
 # The clock's round-off a step may leave unaccounted, in tolerance units: above it the
@@ -184,8 +278,9 @@ def step_end(problem: Problem, t, h, yp_norm):
     as intended, as in IDAS (the difference wobbles by a spacing of t, and exact tests
     like cj == cj_old would flip with it, making the step sequence — and so the
     solution — jitter with rounding-level changes of the data)."""
-    lands = t + h > problem.tstop
-    t_new = jnp.where(lands, problem.tstop, t + h)
+    stop = next_stop(problem, t)
+    lands = t + h > stop
+    t_new = jnp.where(lands, stop, t + h)
     coarse = jnp.finfo(t.dtype).eps * jnp.abs(t_new) * yp_norm > CLOCK_TOL
     return t_new, jnp.where(lands | coarse, t_new - t, h)
 
@@ -224,8 +319,8 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
         ss=jnp.asarray(20.0, dtype), ss_sens=jnp.asarray(20.0, dtype),
         new_matrix=jnp.zeros((), bool), lin_state=lin_state,
         jac_point=(jnp.asarray(t0, dtype), y0, yp0), nef=izero, ncf=izero, npress=izero,
-        h_nan=jnp.zeros((), dtype),
-        stats=stats, result=RESULTS.successful,
+        h_nan=jnp.zeros((), dtype), fresh=jnp.ones((), bool),
+        restart_pending=jnp.zeros((), bool), stats=stats, result=RESULTS.successful,
     )
 
 
@@ -236,6 +331,8 @@ def _at(v, i):
 def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     """One step attempt from s.t with (s.h, s.k). Returns the new state and whether the
     step was accepted. See the module docstring for the sequence."""
+    if problem.breakpoints is not None:
+        s = restart_at_breakpoint(problem, s)
     dtype = s.phi.dtype
     uround = jnp.finfo(dtype).eps
     sens = problem.sens if (problem.sens is not None and problem.sens.k > 0) else None
@@ -245,6 +342,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     # φ_1/ψ_0 ≈ y' (on the first step φ_1 = h0·y'0, ψ_0 = h0).
     yp_norm = wrms(s.phi[1], ewt) / s.psi[0]
     t_new, h = step_end(problem, s.t, jnp.minimum(s.h, problem.max_step), yp_norm)
+    t_eval = evaluation_time(problem, t_new)
     co = set_coefficients(s.psi, h, k, s.k_used, s.h_used, s.ns, dtype)
     # All histories (state "y", quadratures "q", sensitivities "s", their quadratures
     # "sq") move together: rescaled, predicted and completed alike. Only the parts that
@@ -276,7 +374,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         return nrm
 
     # --- Newton ---------------------------------------------------------------------
-    first = s.stats["num_steps"] == 0
+    first = s.fresh
     cj_old = jnp.where(first, cj, s.cj_old)
     ss = jnp.where(first, 20.0, s.ss)
     ratio = cj / cj_old
@@ -286,7 +384,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         ss = jnp.full_like(ss, 100.0)
     preds = {p: predict(hist[p], co["gamma"], k) for p in parts}
     y_pred, yp_pred = preds["y"]
-    nw = newton_solve(problem.residual, problem.args, problem.linear_solver, t_new, y_pred,
+    nw = newton_solve(problem.residual, problem.args, problem.linear_solver, t_eval, y_pred,
                       yp_pred, cj, ewt, s.lin_state, s.jac_point, cj_old, ss, setup,
                       linear=problem.reset_newton_rate, mask_probe=problem.algebraic_probe)
     ee = nw.ee
@@ -328,7 +426,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     corr = {"y": ee}
     # --- quadratures: explicit correction eeQ = (q(t, y, y') − yQ'_(0))/cj -----------
     if "q" in parts:
-        corr["q"] = (problem.quad(t_new, y, yp) - preds["q"][1]) / cj
+        corr["q"] = (problem.quad(t_eval, y, yp) - preds["q"][1]) / cj
 
     # --- forward sensitivities: staggered corrector at the converged state ----------
     if sens is not None:
@@ -336,7 +434,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         # IDAS keeps ssS from step to step: 20 after a new J, 100 when cj changed.
         ss_s = jnp.where(first | (nw.num_jacobian_evals > 0), 20.0, s.ss_sens)
         ss_s = jnp.where(cj != s.cj, 100.0, ss_s)
-        sc = sensitivity_corrector(problem, sens, t_new, y, yp, cj, s_pred, sp_pred, ewt_s,
+        sc = sensitivity_corrector(problem, sens, t_eval, y, yp, cj, s_pred, sp_pred, ewt_s,
                                    lin_state, cj_old_new, ss_s)
         ss_sens = sc.ss
         corr["s"] = sc.ee
@@ -348,7 +446,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         extra_res = sc.num_residual_evals
         lin_stats = {name: lin_stats[name] + sc.linear_stats[name] for name in lin_stats}
         if "sq" in parts:
-            qs_rate = quadrature_sensitivities(problem, sens, t_new, y, yp, s_pred + sc.ee,
+            qs_rate = quadrature_sensitivities(problem, sens, t_eval, y, yp, s_pred + sc.ee,
                                                sp_pred + cj * sc.ee)
             corr["sq"] = (qs_rate - preds["sq"][1]) / cj
 
@@ -465,7 +563,10 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         psi=co["psi"], cj=cj, cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens,
         new_matrix=jnp.zeros((), bool), lin_state=lin_state,
         jac_point=jac_point, nef=jnp.zeros_like(nef), ncf=jnp.zeros_like(ncf), npress=npress,
-        h_nan=jnp.where(h >= s.h_nan, 0.0, s.h_nan), stats=st, result=result,
+        h_nan=jnp.where(h >= s.h_nan, 0.0, s.h_nan), fresh=jnp.zeros((), bool),
+        restart_pending=(jnp.zeros((), bool) if problem.breakpoints is None
+                         else jnp.any(problem.breakpoints == t_new)),
+        stats=st, result=result,
     )
     rejected_state = State(
         t=s.t, h=h_fail, h_used=s.h_used, k=k_fail, k_used=s.k_used, ns=co["ns"],
@@ -473,8 +574,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         phis=hist_fail["s"], phiqs=hist_fail["sq"], psi=jnp.where(first, s.psi.at[0].set(h_fail), s.psi), cj=cj,
         cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens, new_matrix=redo, lin_state=lin_state,
         jac_point=jac_point, nef=jnp.where(conv_fail, s.nef, nef),
-        ncf=ncf, npress=s.npress, h_nan=jnp.where(nan_fail, h, s.h_nan), stats=st,
-        result=result,
+        ncf=ncf, npress=s.npress, h_nan=jnp.where(nan_fail, h, s.h_nan), fresh=s.fresh,
+        restart_pending=s.restart_pending, stats=st, result=result,
     )
     # Both outcomes share the Newton's factorization: select everything else, not the
     # (n×n) factors.

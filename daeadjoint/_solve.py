@@ -266,6 +266,25 @@ def _check_inputs(residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quad
     return t0, t1, y0, yp0, saveat, algebraic, rtol, atol, tstop
 
 
+def _check_breakpoints(breakpoints, dtype):
+    """`breakpoints` as a sorted 1-D array of the working dtype, or None."""
+    if breakpoints is None:
+        return None
+    bps = jnp.asarray(breakpoints, dtype)
+    if bps.ndim != 1:
+        raise ValueError(f"`breakpoints` must be a 1-D array of times, got shape {bps.shape}.")
+    if bps.shape[0] == 0:
+        return None
+    cb = _concrete(bps)
+    if cb is not None:
+        if not np.all(np.isfinite(cb)):
+            raise ValueError(f"`breakpoints` must be finite, got {cb}.")
+        if np.any(np.diff(cb) < 0):
+            raise ValueError("`breakpoints` must be sorted in increasing order.")
+    # Where the integration stops, not a quantity the solution depends on smoothly.
+    return jax.lax.stop_gradient(bps)
+
+
 def _check_event(event, residual, t0, y0, args):
     if event is None:
         return None
@@ -507,6 +526,7 @@ def solve(
     forward_sensitivity: ForwardSensitivity | None = None,
     throw: bool = True,
     tstop: ArrayLike | None = None,
+    breakpoints: ArrayLike | None = None,
     suppress_algebraic_error: bool = False,
     quad_rtol: ArrayLike | None = None,
     quad_atol: ArrayLike | None = None,
@@ -574,6 +594,14 @@ def solve(
       of a failed solve are NaN.
     - `tstop`: never step past this time (≥ t1). Default: the integrator may step past t1
       and interpolate back, as IDAS does.
+    - `breakpoints`: sorted 1-D array of times where the inputs of the model are not
+      smooth (kinks or jumps of a forcing, e.g. the corners of a piecewise-linear
+      pulse). Every integration — the forward solve, the adjoint's replays, the
+      backward (adjoint) integration and forward sensitivities — steps exactly onto
+      each and restarts the BDF there at order 1, as IDAS users do with `tstop` and
+      `IDAReInit`, so that no step's polynomial straddles a kink. At a breakpoint
+      the residual should describe what holds after it. Times outside (t0, t1) are
+      ignored.
     - `suppress_algebraic_error`: leave algebraic components out of the local error test
       (IDAS `IDASetSuppressAlg`).
     - `linear_solver`: how the Newton systems are solved (`DenseLU()`, `BandedLU(l, u)`,
@@ -660,6 +688,7 @@ def solve(
         auto_split=auto_split,
         dense=(2 if dense else (1 if steps else 0)), check_algebraic=check_algebraic)
     inputs = Inputs(t0=t0, t1=t1, y0=y0, yp0=yp0, args=args, saveat=saveat,
+                    breakpoints=_check_breakpoints(breakpoints, dtype),
                     algebraic=algebraic, rtol=rtol, atol=atol, quad_rtol=quad_rtol,
                     quad_atol=quad_atol, tstop=tstop, constraints=constraints,
                     max_step=max_step, min_step=min_step, first_step=first_step)

@@ -438,3 +438,20 @@ def test_every_replayed_segment_repeats_the_forward_steps(monkeypatch):
                 and np.array_equal(buf.y[:every + 1], steps.y[span])):
             differ.append(i)
     assert differ == []
+
+
+def test_failed_continuous_adjoint_falls_back_to_the_discrete_adjoint():
+    """A backward integration that cannot finish (here: too few adjoint steps allowed)
+    on a successful forward solve: the gradient comes from the discrete adjoint, with a
+    warning, instead of NaN; without the fallback the failure is reported.
+    y' = −k y: dy(1)/dk = −e^{−k}; the discrete adjoint converges with the tolerance
+    (100·rtol, as the exact-solution tests)."""
+    def f(k, adjoint):
+        return dae.solve(lambda t, y, yp, a: yp + a * y, 0.0, 1.0, jnp.ones(1), args=k,
+                         rtol=1e-8, atol=1e-8, sensitivity=adjoint).ys[-1, 0]
+
+    with pytest.warns(RuntimeWarning, match="discrete adjoint"):
+        g = jax.grad(f)(0.7, dae.Adjoint(max_steps=3))
+    assert abs(float(g) + np.exp(-0.7)) <= 100 * 1e-8
+    with pytest.raises(Exception, match="adjoint_failed"):
+        jax.grad(f)(0.7, dae.Adjoint(max_steps=3, fallback=False))
