@@ -51,7 +51,9 @@ def test_differentiating_the_controller_is_wrong():
     the adaptive loop (bypassing the adjoint) differentiates the step sizes too. At
     rtol = 1e-8 the last step's time t_N moves with c (∇t_N ≠ 0), and the AD derivative
     of x1(t_N) is off from the exact ∂x1/∂c(t_N) = v0 (t cos t − sin t)/2 by ẋ1·∇t_N —
-    hundreds of thousands of tolerances — while the adjoint stays within 100·rtol."""
+    tens of thousands of tolerances (how many depends on the step sequence: 8.6e4 with
+    the step selection of 7d0a449), over 100 times the adjoint's error bound of
+    100·rtol."""
     from daeadjoint._core import Config, Inputs, build_problem
     from daeadjoint._forward_sensitivity import ForwardSensitivity
     from daeadjoint._integrator import Outputs, initial_state, initial_step, integrate
@@ -80,7 +82,7 @@ def test_differentiating_the_controller_is_wrong():
     t_n = float(t_n)
     exact = 0.5 * (t_n * np.cos(t_n) - np.sin(t_n)) / 2     # v0 = 0.5, c = 1
     assert float(dt_n) != 0.0
-    assert abs(float(dx_n) - exact) > 1e5 * rtol
+    assert abs(float(dx_n) - exact) > 100 * (100 * rtol)
     np.testing.assert_allclose(float(dx_n) - exact, 0.5 * np.cos(t_n) * float(dt_n), rtol=1e-3)
     (d1c, _), _ = r4_grads(1.0, 0.5, rtol, False)
     assert abs(float(d1c) + 0.25) <= 100 * rtol
