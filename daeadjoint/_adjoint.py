@@ -601,7 +601,7 @@ def at_t0(bw: _Backward, config, inputs, c: dict, unravel, pd, p_events):
     semantics) and the one of t0; the parameter gradient with everything banked."""
     from ._core import Tangents
 
-    k, npar, a, t0 = bw.k, bw.terms.npar, bw.algebraic, inputs.t0
+    k, npar, t0 = bw.k, bw.terms.npar, inputs.t0
     adj = c["adj"]
     mu = jnp.where(c["started"], bw.mu(adj), 0.0)
     pbar = c["pbar"] + jnp.where(c["started"], adj.phiq[0].reshape(k, npar), 0.0)

@@ -165,7 +165,7 @@ def factor_blocks(blocks):
     Returns the state (d, perm, lu11, l21, u_rest, pivots): d the row scaling (J_s =
     diag(d) J), per block step the panel's row permutation (2b,), the packed unit-lower
     L11 / upper U11 (b, b), L21 (b, b), [U12 U13] (b, 2b), and U's diagonal."""
-    nbp, _, b, _ = blocks.shape
+    _, _, b, _ = blocks.shape
     rownorm = jnp.max(jnp.abs(blocks), axis=(1, 3))
     d = 1.0 / jnp.where(rownorm > 0, rownorm, 1.0)
     scaled = blocks * d[:, None, :, None]

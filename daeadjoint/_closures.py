@@ -54,24 +54,6 @@ class _Identity:
         self.value = value
 
 
-class PassUserArgs(eqx.Module):
-    """A function that closes over no tracer, in a problem whose `args` are
-    `ClosureArgs` (another function's closures were lifted): it gets the user's args."""
-
-    fn: Callable
-    args_at: int = eqx.field(static=True)
-
-    def __call__(self, *xs):
-        xs = list(xs)
-        xs[self.args_at] = xs[self.args_at].user
-        return self.fn(*xs)
-
-
-def _is_traced(x) -> bool:
-    """Leaves a jaxpr takes as inputs: anything with a shape and a dtype."""
-    return hasattr(x, "shape") and hasattr(x, "dtype")
-
-
 class Lifted(eqx.Module):
     """A user function as its jaxpr, whose closed-over tracers come from the
     `ClosureArgs` passed in place of `args` (the argument at position `args_at`), or are

@@ -438,7 +438,7 @@ def _component_phrase(mode, reason, i, is_y):
 _SLOTS = 1 + 2 * (NAMED_COMPONENTS + 1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def failure_messages(mode: str) -> tuple[str, ...]:
     """The static messages `message_index` selects from (for `eqx.branched_error_if`):
     for each reason, one naming no component, then for each component below

@@ -59,7 +59,7 @@ def targets(dtype) -> tuple[str, str]:
     return _register(dtype.name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _register(name: str) -> tuple[str, str]:
     dtype = np.dtype(name)
     try:
@@ -69,7 +69,7 @@ def _register(name: str) -> tuple[str, str]:
         for name, fn in zip(names, (factor, solve)):
             capsule = jax.ffi.pycapsule(ctypes.cast(fn.address, ctypes.CFUNCTYPE(None)))
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
-    except Exception as e:  # noqa: BLE001 — any failure means: use the pure-JAX kernel
+    except Exception as e:  # any failure means: use the pure-JAX kernel
         raise FFIUnavailable(f"{type(e).__name__}: {e}") from e
     return names
 

@@ -83,7 +83,7 @@ def _working_dtype(residual, t0, y0, yp0, args):
     y = jax.ShapeDtypeStruct(y0.shape, dtype)
     try:
         out = eqx.filter_eval_shape(residual, jax.ShapeDtypeStruct((), dtype), y, y, args)
-    except Exception as e:   # noqa: BLE001 - report the user's error with context
+    except Exception as e:   # report the user's error with context
         # Re-raise the user's own exception (JAX's tracer errors cannot be rebuilt from a
         # message), with the context as a note.
         e.add_note("daeadjoint: raised while calling residual(t, y, yp, args) with abstract "
