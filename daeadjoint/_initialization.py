@@ -72,7 +72,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ._bdf import error_weights, wrms
-from ._linear_solver import AbstractLinearSolver, DenseLU, setup_masked
+from ._linalg.linear_solver import AbstractLinearSolver, DenseLU, setup_masked
 
 ICRATEMAX = 0.9       # IDAS: the largest Newton rate still called slow convergence
 ALPHALS = 1e-4        # IDAS: α of the line search's sufficient-decrease condition

@@ -53,7 +53,7 @@ def test_differentiating_the_controller_is_wrong():
     of x1(t_N) is off from the exact ∂x1/∂c(t_N) = v0 (t cos t − sin t)/2 by ẋ1·∇t_N —
     hundreds of thousands of tolerances — while the adjoint stays within 100·rtol."""
     from daeadjoint._core import Config, Inputs, build_problem
-    from daeadjoint._forward_sensitivity import ForwardSensitivity
+    from daeadjoint._derivatives.forward_sensitivity import ForwardSensitivity
     from daeadjoint._integrator import Outputs, initial_state, initial_step, integrate
 
     rtol = 1e-8
@@ -397,7 +397,7 @@ def test_every_replayed_segment_repeats_the_forward_steps(monkeypatch):
     import dataclasses
 
     import daeadjoint._solve as solve_module
-    from daeadjoint._adjoint import replay_segment
+    from daeadjoint._derivatives.adjoint import replay_segment
     from daeadjoint._core import build_problem, run_forward
     from daeadjoint._integrator import StepRecorder, segment_capacity
 
