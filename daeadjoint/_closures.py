@@ -2,7 +2,7 @@ r"""Values that user functions close over, made inputs of the solve.
 
 JAX users write models as closures: `lambda t, y, yp, a: yp + p * y` with `p` the
 parameter being fitted. Under `jax.grad`, `jax.jacfwd` or `jax.vmap`, `p` is a tracer of
-that transformation. The solve's derivatives are custom rules (`_autodiff.py`) that see
+that transformation. The solve's derivatives are custom rules (`_derivatives/autodiff.py`) that see
 only their explicit inputs, so a tracer hidden inside a function would either leak (an
 error outside `jit`) or be treated as a constant — a derivative of zero, silently.
 
@@ -52,24 +52,6 @@ class _Identity:
 
     def __init__(self, value):
         self.value = value
-
-
-class PassUserArgs(eqx.Module):
-    """A function that closes over no tracer, in a problem whose `args` are
-    `ClosureArgs` (another function's closures were lifted): it gets the user's args."""
-
-    fn: Callable
-    args_at: int = eqx.field(static=True)
-
-    def __call__(self, *xs):
-        xs = list(xs)
-        xs[self.args_at] = xs[self.args_at].user
-        return self.fn(*xs)
-
-
-def _is_traced(x) -> bool:
-    """Leaves a jaxpr takes as inputs: anything with a shape and a dtype."""
-    return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
 class Lifted(eqx.Module):
@@ -199,8 +181,8 @@ def lift_closures(residual, quadrature, event, linear_solver, y0, args):
 def _lift_solver(solver, lift: _Lifter, example_cj):
     """User Jacobians (`DenseLU(jac=...)`) and preconditioners anywhere in the linear
     solver's configuration, lifted behind stop_gradient."""
-    from ._krylov import Preconditioner
-    from ._linear_solver import DenseLU
+    from ._linalg.krylov import Preconditioner
+    from ._linalg.linear_solver import DenseLU
 
     def replace(x):
         if isinstance(x, DenseLU) and x.jac is not None:

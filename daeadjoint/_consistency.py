@@ -35,7 +35,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float
 
 from ._initialization import SUCCESS, calc_ic
-from ._linear_solver import masked_residual
+from ._linalg.linear_solver import masked_residual
 from ._newton import tree_where
 
 
@@ -61,14 +61,14 @@ class Split(eqx.Module):
     the consistency matrix C = F_y Π + F_y'(I − Π) is nonsingular exactly when the DAE
     is index 1 (if C v = 0, the left null vectors Q of F_y' give QᵀF_y Π v = 0, so
     Πv = 0 by index 1, and then F_y' v = 0 puts v in ker F_y' = range Π: v = 0); its
-    transpose gives the adjoint's consistent jumps (`_adjoint.py`)."""
+    transpose gives the adjoint's consistent jumps (`_derivatives/adjoint.py`)."""
 
     mask: Bool[Array, " n"]
     projector: Float[Array, "n n"] | None = None
     # The equations that carry the algebraic constraints: rows i with a nonzero row of
     # the projector onto ker F_y'ᵀ (the mask itself for semi-explicit DAEs, whose
     # algebraic equation i goes with component i). The adjoint's multipliers of these
-    # equations are determined by the forward solution, not integrated (`_adjoint.py`).
+    # equations are determined by the forward solution, not integrated (`_derivatives/adjoint.py`).
     equations: Bool[Array, " n"] | None = None
 
     @property
@@ -106,7 +106,7 @@ def split_at(auto: bool, residual, t, y, yp, args, algebraic) -> Split:
     are solved for, like the mask."""
     if not auto:
         return Split(mask=algebraic)
-    from ._linear_solver import factor, factored_is_singular
+    from ._linalg.linear_solver import factor, factored_is_singular
 
     def compute(t, y, yp, args):
         E = jax.jacfwd(lambda v: residual(t, y, v, args))(yp)
@@ -153,7 +153,7 @@ def consistency_solve(linear_solver, residual, t, y, yp, args, split, rhs, trans
     matrix of `split` (a `Split`, or a bool mask) at (t, y, y'). Returns (x, singular).
     Differentiable in every argument. A dense projector (no mask) makes C dense: it is
     factored by `DenseLU` (n ≤ AUTO_SPLIT_MAX_N) whatever the configured solver."""
-    from ._linear_solver import DenseLU
+    from ._linalg.linear_solver import DenseLU
     if not isinstance(split, Split):
         split = Split(mask=split)
     fn = masked_residual(residual, y, yp, split)
@@ -264,7 +264,7 @@ def _null_space_basis(residual, t, y, yp, args):
     """(V, null): the right singular vectors of F_y'(t, y, y') as columns and which of
     them span its null space (the rank decision of `split_at`); V = I, no null space,
     when F_y' is nonsingular. Not differentiated."""
-    from ._linear_solver import factor, factored_is_singular
+    from ._linalg.linear_solver import factor, factored_is_singular
     E = jax.lax.stop_gradient(jax.jacfwd(lambda v: residual(t, y, v, args))(yp))
     n = E.shape[0]
 

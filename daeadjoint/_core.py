@@ -1,4 +1,4 @@
-"""The solve as a pure function of arrays: what `_autodiff.py` differentiates.
+"""The solve as a pure function of arrays: what `_derivatives/autodiff.py` differentiates.
 
 `run(config, inputs)` validates the run-time inputs, computes consistent initial values,
 integrates and writes the dense output; with `record=True` it also keeps what the
@@ -23,12 +23,12 @@ from ._bdf import error_weights, update_row, wrms
 from ._consistency import (consistency_solve, consistent_values, initial_sensitivities,
                            split_at)
 from ._events import Event, EventState, event_tangents
-from ._forward_sensitivity import (ForwardSensitivity, SensitivityProblem, direction_scale,
-                                   sensitivity_atol)
+from ._derivatives.forward_sensitivity import (ForwardSensitivity, SensitivityProblem,
+                                               direction_scale, sensitivity_atol)
 from ._initialization import violated
 from ._integrator import (CheckpointRecorder, DenseRecorder, Outputs, Problem, SegmentRecorder,
                           initial_state, initial_step, integrate, write_outputs)
-from ._linear_solver import AbstractLinearSolver
+from ._linalg.linear_solver import AbstractLinearSolver
 from ._newton import depends_on_yp
 from ._results import RESULTS
 
@@ -267,7 +267,8 @@ def _first_step(problem, inputs, h_heuristic):
 def run(config: Config, inputs: Inputs, record: bool = False,
         tangents: "Tangents | None" = None, k: int = 0, progress: bool = True):
     """Consistent initialization and the forward integration, optionally carrying k
-    forward-sensitivity directions (IDAS's staggered corrector, `_forward_sensitivity.py`).
+    forward-sensitivity directions (IDAS's staggered corrector,
+    `_derivatives/forward_sensitivity.py`).
 
     Returns (Core, Record or None, tangent outputs or None): with `record`, what the
     reverse pass needs; with `tangents`, ((yd_dot (k, n_save, order+1, n), qs_dot

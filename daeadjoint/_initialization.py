@@ -72,7 +72,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ._bdf import error_weights, wrms
-from ._linear_solver import AbstractLinearSolver, DenseLU, setup_masked
+from ._linalg.linear_solver import AbstractLinearSolver, DenseLU, setup_masked
 
 ICRATEMAX = 0.9       # IDAS: the largest Newton rate still called slow convergence
 ALPHALS = 1e-4        # IDAS: α of the line search's sufficient-decrease condition
@@ -438,7 +438,7 @@ def _component_phrase(mode, reason, i, is_y):
 _SLOTS = 1 + 2 * (NAMED_COMPONENTS + 1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def failure_messages(mode: str) -> tuple[str, ...]:
     """The static messages `message_index` selects from (for `eqx.branched_error_if`):
     for each reason, one naming no component, then for each component below

@@ -11,7 +11,7 @@ An attempt (IDAS manual §6.2.2):
     after 10 failures of one kind in a step.
 
 With a `SensitivityProblem` (forward mode) each accepted state corrector is followed by
-the staggered sensitivity corrector (`_forward_sensitivity.py`), and the sensitivities
+the staggered sensitivity corrector (`_derivatives/forward_sensitivity.py`), and the sensitivities
 share the history update, the error test and the output writing.
 
 The carried state has a fixed shape, so the whole solve is one compiled loop that
@@ -33,8 +33,8 @@ from ._bdf import (MAXORD, NPHI, complete_history, derivative_weights, error_wei
                    interpolation_weights, predict, scale_history, set_coefficients, stacked,
                    update_row, wrms)
 from ._events import Event, EventState, search_step
-from ._forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
-                                   sensitivity_corrector)
+from ._derivatives.forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
+                                               sensitivity_corrector)
 from ._initialization import violated
 from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR,
                       maybe_update, newton_solve, tree_where)

@@ -1,5 +1,6 @@
-"""The public entry point `solve`: input checks, the working precision, the compiled and
-cached solve, and the dense output's dependence on the output times."""
+"""The public entry point `solve`: input checks (`_validation.py`) and the working
+precision, the compiled and cached solve, and the dense output's dependence on the output
+times."""
 
 import dataclasses
 import math
@@ -13,25 +14,24 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike
 
-from ._adjoint import Adjoint
-from ._autodiff import solve_core
 from ._closures import lift_closures
-from ._core import Config, Inputs
-from ._discrete_adjoint import DiscreteAdjoint
 from ._consistency import AUTO_SPLIT_MAX_N, unknown_mask
-from ._forward_sensitivity import ForwardSensitivity
-from ._initialization import SUCCESS, failure_messages, message_index
-from ._krylov import Preconditioner
-from ._linear_solver import AbstractLinearSolver
-from ._sparse import default_linear_solver
+from ._core import Config, Inputs
+from ._derivatives import batching  # noqa: F401 - installs the primitives' batching rules
+from ._derivatives.adjoint import Adjoint
+from ._derivatives.autodiff import solve_core
+from ._derivatives.discrete_adjoint import DiscreteAdjoint
+from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
+from ._initialization import SUCCESS, failure_messages, message_index
+from ._linalg.krylov import Preconditioner
+from ._linalg.linear_solver import AbstractLinearSolver
+from ._linalg.sparse import default_linear_solver
 from ._results import RESULTS, succeeded
 from ._solution import Solution
+from ._validation import (_check_breakpoints, _check_event, _check_inputs, _check_step_options,
+                          _concrete, _snap_saveat)
 
-_INIT_MODES = (None, "ya_ydp", "y")
-# Below this multiple of machine epsilon the Newton tests (0.33·tol) and the error test
-# drown in rounding: the corrections they accept are no longer resolved.
-_MIN_RTOL_EPS = 100.0
 # With more output times than this the default reverse mode is the discrete adjoint,
 # whose cost does not grow with the number of observations (the continuous adjoint
 # restarts at each one: Calver & Enright).
@@ -39,302 +39,6 @@ MANY_OBSERVATIONS = 32
 # Derivatives of the dense output y^(m)(t_i) carried by the core: y, y', y''. The
 # saveat-time Taylor shift below is exact to this order.
 DENSE_ORDER = 2
-
-
-def _concrete(x):
-    """The value of x if it is known before tracing, else None."""
-    try:
-        return np.asarray(x)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, TypeError):
-        return None
-
-
-# The working precisions: the BDF tests (Newton 0.33·tol, rtol ≥ 100·eps) need at least
-# float32's 24 bits; float16 and bfloat16 cannot meet any useful tolerance.
-_SUPPORTED_DTYPES = (np.dtype("float32"), np.dtype("float64"))
-_COMPLEX_HINT = ("daeadjoint integrates real DAEs: write a complex state as its real and "
-                 "imaginary parts (y = concatenate([y.real, y.imag]), and the residual "
-                 "likewise).")
-
-
-def _refuse_complex_args(args):
-    """Complex arrays (or Python complex numbers) in `args` are refused by name: the
-    solver's arithmetic, error norms and derivatives are real."""
-    leaves = jax.tree_util.tree_leaves_with_path(args)
-    for path, leaf in leaves:
-        dtype = (jnp.result_type(leaf) if isinstance(leaf, complex) or hasattr(leaf, "dtype")
-                 else None)
-        if dtype is not None and jnp.issubdtype(dtype, jnp.complexfloating):
-            where = "args" + jax.tree_util.keystr(path)
-            raise TypeError(f"`{where}` is complex ({jnp.dtype(dtype).name}). {_COMPLEX_HINT}")
-
-
-def _working_dtype(residual, t0, y0, yp0, args):
-    """The promoted dtype of y0, yp0 and the residual's output (e.g. float32 y0 with
-    float64 parameters works in float64, as jnp arithmetic would). Complex values and
-    precisions other than float32/float64 are refused by name."""
-    for name, x in (("y0", y0), ("yp0", yp0)):
-        if x is not None and jnp.issubdtype(x.dtype, jnp.complexfloating):
-            raise TypeError(f"`{name}` is complex ({x.dtype.name}). {_COMPLEX_HINT}")
-    _refuse_complex_args(args)
-    dtype = y0.dtype if yp0 is None else jnp.result_type(y0, yp0)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        dtype = jnp.result_type(float)
-    y = jax.ShapeDtypeStruct(y0.shape, dtype)
-    try:
-        out = eqx.filter_eval_shape(residual, jax.ShapeDtypeStruct((), dtype), y, y, args)
-    except Exception as e:   # noqa: BLE001 - report the user's error with context
-        # Re-raise the user's own exception (JAX's tracer errors cannot be rebuilt from a
-        # message), with the context as a note.
-        e.add_note("daeadjoint: raised while calling residual(t, y, yp, args) with abstract "
-                   f"(traced) arguments: t {jnp.dtype(dtype).name} scalar, y and yp "
-                   f"{jnp.dtype(dtype).name}{list(y0.shape)}. The residual must be a JAX "
-                   "function of them: use jnp.where or jax.lax.cond, not Python `if`, on "
-                   "their values.")
-        raise
-    if not (hasattr(out, "shape") and hasattr(out, "dtype")):
-        raise ValueError("`residual` must return an array shaped like y "
-                         f"{y0.shape}; it returned {type(out).__name__}.")
-    if out.shape != y0.shape:
-        raise ValueError(
-            f"`residual` must return an array shaped like y {y0.shape}; it returned {out.shape}.")
-    if jnp.issubdtype(out.dtype, jnp.complexfloating):
-        raise TypeError(f"`residual` returned a complex array ({out.dtype.name}). "
-                        f"{_COMPLEX_HINT}")
-    if jnp.issubdtype(out.dtype, jnp.floating):
-        dtype = jnp.result_type(dtype, out.dtype)
-    if np.dtype(dtype) not in _SUPPORTED_DTYPES:
-        raise TypeError(
-            f"The working precision would be {jnp.dtype(dtype).name} (the promoted dtype of "
-            "`y0`, `yp0` and the residual's output): daeadjoint supports float32 and float64 "
-            "only; convert y0 with y0.astype(jnp.float32) (or float64, with "
-            "jax.config.update('jax_enable_x64', True)).")
-    return dtype
-
-
-def default_rtol(dtype) -> float:
-    """The default `rtol`: 1e-6 where the dtype resolves it (float64), else 1e-4 (float32,
-    whose smallest accepted rtol is 100·eps = 1.2e-5)."""
-    eps = float(jnp.finfo(dtype).eps)
-    return 1e-6 if 1e-6 >= _MIN_RTOL_EPS * eps else 1e-4
-
-
-def _refuse_nonfinite(**arrays):
-    """Concrete NaN/inf in the times or initial values: a ValueError naming the argument
-    (traced ones are checked at run time: `RESULTS.nonfinite_input`)."""
-    for name, x in arrays.items():
-        cx = None if x is None else _concrete(x)
-        if cx is not None and cx.dtype.kind in "fiub" and not np.all(np.isfinite(cx)):
-            bad = np.nonzero(~np.isfinite(np.atleast_1d(cx)))[0].tolist()
-            where = f" at {bad}" if np.ndim(cx) else ""
-            raise ValueError(f"`{name}` contains NaN or inf{where}.")
-
-
-# Output times within this many machine epsilons (relative) of t0 or t1 count as t0 or
-# t1: e.g. the last of jnp.arange(t0, t1 + dt/2, dt), one ulp past t1 by rounding.
-_SNAP_EPS = 4
-
-
-def _time_roundoff(t):
-    return _SNAP_EPS * np.finfo(np.asarray(t).dtype).eps * abs(float(t))
-
-
-def _snap_saveat(saveat, t0, t1):
-    """Output times within round-off (`_SNAP_EPS`) outside [t0, t1] moved onto t0 or t1;
-    the others unchanged (the run-time check still sees times truly outside)."""
-    eps = jnp.finfo(saveat.dtype).eps
-    near0 = (saveat < t0) & (saveat >= t0 - _SNAP_EPS * eps * jnp.abs(t0))
-    near1 = (saveat > t1) & (saveat <= t1 + _SNAP_EPS * eps * jnp.abs(t1))
-    return jnp.where(near0, t0, jnp.where(near1, t1, saveat))
-
-
-def _check_inputs(residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quadrature,
-                  rtol, atol, tstop, max_steps):
-    """Every check that can be made before tracing, each with a message naming the
-    argument. Returns the arrays converted to the working dtype. (Values only known at
-    run time are checked again inside the solve: `_core.input_status`.)"""
-    if not callable(residual):
-        raise TypeError("`residual` must be a function residual(t, y, yp, args) -> array.")
-    y0 = jnp.asarray(y0)
-    if y0.ndim != 1:
-        raise ValueError(f"`y0` must be a 1-D array, got shape {y0.shape}.")
-    n = y0.shape[0]
-    if n == 0:
-        raise ValueError("`y0` is empty: there is nothing to integrate.")
-    if yp0 is not None:
-        yp0 = jnp.asarray(yp0)
-        if yp0.shape != y0.shape:
-            raise ValueError(f"`yp0` has shape {yp0.shape} but `y0` has shape {y0.shape}.")
-    if init not in _INIT_MODES:
-        raise ValueError(f"`init` must be one of None, 'ya_ydp', 'y'; got {init!r}.")
-    dtype = _working_dtype(residual, t0, y0, yp0, args)
-    _refuse_nonfinite(y0=y0, yp0=yp0, t0=t0, t1=t1, saveat=saveat)
-    given_t0, given_t1 = _concrete(t0), _concrete(t1)
-    y0 = y0.astype(dtype)
-    yp0 = None if yp0 is None else yp0.astype(dtype)
-    t0 = jnp.asarray(t0, dtype)
-    t1 = jnp.asarray(t1, dtype)
-    if t0.ndim or t1.ndim:
-        raise ValueError("`t0` and `t1` must be scalars.")
-    ct0, ct1 = _concrete(t0), _concrete(t1)
-    if ct0 is not None and ct1 is not None:
-        if ct1 == ct0 and given_t0 is not None and given_t1 is not None and given_t1 > given_t0:
-            raise ValueError(
-                f"`t1` - `t0` ({float(given_t1 - given_t0):.3g}) is below the spacing of "
-                f"{jnp.dtype(dtype).name} numbers at t0 ({float(np.spacing(ct0)):.3g}): both "
-                f"round to {float(ct0)!r}. Shift the time origin (solve in tau = t - t0 with "
-                "residual F(t0 + tau, y, y', args)) or use float64.")
-        if ct1 == ct0:
-            raise ValueError(f"`t1` equals `t0` ({float(ct0)}): the interval is empty.")
-        if ct1 < ct0:
-            raise ValueError(
-                f"`t1` ({float(ct1)}) < `t0` ({float(ct0)}): integrate forward in the time "
-                "s = -t instead (residual F(-s, y, -y', args)).")
-    if saveat is None:
-        saveat = t1[None]
-    else:
-        saveat = jnp.asarray(saveat, dtype)
-        if saveat.ndim != 1 or saveat.shape[0] == 0:
-            raise ValueError(f"`saveat` must be a non-empty 1-D array of times, got shape {saveat.shape}.")
-        cs = _concrete(saveat)
-        if cs is not None:
-            if np.any(np.diff(cs) < 0):
-                raise ValueError("`saveat` must be sorted in increasing order.")
-            if ct0 is not None and ct1 is not None:
-                lo, hi = ct0 - _time_roundoff(ct0), ct1 + _time_roundoff(ct1)
-                if cs[0] < lo or cs[-1] > hi:
-                    raise ValueError(
-                        f"`saveat` must lie in [t0, t1] = [{float(ct0)}, {float(ct1)}] (to "
-                        f"within {_SNAP_EPS} machine epsilons of either end); got "
-                        f"[{float(cs[0])}, {float(cs[-1])}].")
-    if algebraic is None:
-        algebraic = jnp.zeros((n,), bool)
-    else:
-        algebraic = jnp.asarray(algebraic)
-        if algebraic.shape != (n,) or algebraic.dtype != bool:
-            raise ValueError(
-                f"`algebraic` must be a boolean mask of shape ({n},), got {algebraic.dtype} "
-                f"of shape {algebraic.shape}.")
-    rtol = jnp.asarray(default_rtol(dtype) if rtol is None else rtol, dtype)
-    atol = jnp.asarray(atol, dtype)
-    if rtol.ndim != 0:
-        raise ValueError("`rtol` must be a scalar.")
-    if atol.shape not in ((), (n,)):
-        raise ValueError(f"`atol` must be a scalar or have shape ({n},), got {atol.shape}.")
-    atol = jnp.broadcast_to(atol, (n,))
-    crt, cat = _concrete(rtol), _concrete(atol)
-    if crt is not None and cat is not None:
-        if not (np.isfinite(crt) and np.all(np.isfinite(cat))):
-            raise ValueError(f"Tolerances must be finite: rtol={crt}, atol={cat}.")
-        if crt < 0 or np.any(cat < 0) or (crt == 0 and np.any(cat == 0)):
-            raise ValueError(
-                f"Tolerances must be non-negative and not both zero: rtol={crt}, atol={cat}.")
-        cy = _concrete(y0)
-        if cy is not None:   # IDAS: "some initial ewt component = 0.0 illegal"
-            zero = np.nonzero(crt * np.abs(cy) + cat == 0)[0]
-            if zero.size:
-                raise ValueError(
-                    f"`atol` is 0 at components {zero.tolist()} where `y0` is 0 too: their "
-                    "error weight 1/(rtol*|y0_i| + atol_i) is infinite, so no error or "
-                    "Newton test can be measured there (IDAS refuses this start too). Give "
-                    "those components an atol > 0 (the size below which they stop mattering).")
-        eps = float(jnp.finfo(dtype).eps)
-        if 0 < crt < _MIN_RTOL_EPS * eps:
-            hint = (" or enable float64 with jax.config.update('jax_enable_x64', True)"
-                    if dtype != jnp.float64 else "")
-            raise ValueError(
-                f"{jnp.dtype(dtype).name} cannot meet rtol={float(crt):.3g}: its machine "
-                f"epsilon is {eps:.3g}, so use rtol >= {_MIN_RTOL_EPS * eps:.3g}{hint}.")
-    if tstop is None:
-        tstop = jnp.asarray(jnp.inf, dtype)
-    else:
-        tstop = jnp.asarray(tstop, dtype)
-        cts = _concrete(tstop)
-        if cts is not None and np.isnan(cts):
-            raise ValueError("`tstop` is NaN.")
-        if cts is not None and ct1 is not None and cts < ct1:
-            raise ValueError(f"`tstop` ({float(cts)}) must be >= t1 ({float(ct1)}).")
-    if not (isinstance(max_steps, (int, np.integer)) and max_steps > 0):
-        raise ValueError(f"`max_steps` must be a positive integer, got {max_steps!r}.")
-    if quadrature is not None:
-        y = jax.ShapeDtypeStruct((n,), dtype)
-        qout = eqx.filter_eval_shape(quadrature, jax.ShapeDtypeStruct((), dtype), y, y, args)
-        if not (hasattr(qout, "shape") and len(qout.shape) == 1):
-            raise ValueError(
-                "`quadrature` must return a 1-D array q(t, y, yp, args); it returned "
-                f"{getattr(qout, 'shape', type(qout).__name__)}.")
-    return t0, t1, y0, yp0, saveat, algebraic, rtol, atol, tstop
-
-
-def _check_breakpoints(breakpoints, dtype):
-    """`breakpoints` as a sorted 1-D array of the working dtype, or None."""
-    if breakpoints is None:
-        return None
-    bps = jnp.asarray(breakpoints, dtype)
-    if bps.ndim != 1:
-        raise ValueError(f"`breakpoints` must be a 1-D array of times, got shape {bps.shape}.")
-    if bps.shape[0] == 0:
-        return None
-    cb = _concrete(bps)
-    if cb is not None:
-        if not np.all(np.isfinite(cb)):
-            raise ValueError(f"`breakpoints` must be finite, got {cb}.")
-        if np.any(np.diff(cb) < 0):
-            raise ValueError("`breakpoints` must be sorted in increasing order.")
-    # Where the integration stops, not a quantity the solution depends on smoothly.
-    return jax.lax.stop_gradient(bps)
-
-
-def _check_event(event, residual, t0, y0, args):
-    if event is None:
-        return None
-    if not isinstance(event, Event):
-        raise TypeError(f"`event` must be daeadjoint.Event(cond, ...), got {event!r}.")
-    y = jax.ShapeDtypeStruct(y0.shape, y0.dtype)
-    out = eqx.filter_eval_shape(event.cond, jax.ShapeDtypeStruct((), y0.dtype), y, y, args)
-    if not hasattr(out, "shape") or len(out.shape) > 1:
-        raise ValueError("Event `cond(t, y, yp, args)` must return a scalar or a 1-D array; "
-                         f"it returned {getattr(out, 'shape', type(out).__name__)}.")
-    n_ev = max(1, int(np.prod(out.shape)))
-    if isinstance(event.direction, tuple) and len(event.direction) != n_ev:
-        raise ValueError(f"Event(direction=...) has {len(event.direction)} entries but cond "
-                         f"returns {n_ev}.")
-    return event
-
-
-def _check_step_options(y0, constraints, max_step, min_step, first_step, max_order):
-    """The IDAS optional inputs: clear errors before tracing, arrays of the working dtype."""
-    n, dtype = y0.shape[0], y0.dtype
-    if constraints is not None:
-        constraints = jnp.asarray(constraints)
-        if constraints.shape != (n,) or not jnp.issubdtype(constraints.dtype, jnp.integer):
-            raise ValueError(f"`constraints` must be an integer array of shape ({n},) with "
-                             f"entries in {{0, ±1, ±2}}; got {constraints.dtype} of shape "
-                             f"{constraints.shape}.")
-        cc = _concrete(constraints)
-        if cc is not None and not np.all(np.isin(cc, [-2, -1, 0, 1, 2])):
-            raise ValueError(f"`constraints` entries must be 0, ±1 or ±2; got {np.unique(cc)}.")
-        cy = _concrete(y0)
-        if cc is not None and cy is not None:
-            bad = ((np.abs(cc) == 2) & (cy * cc <= 0)) | ((np.abs(cc) >= 1) & (cy * cc < 0))
-            if np.any(bad):
-                raise ValueError(f"`y0` violates `constraints` at components {np.nonzero(bad)[0].tolist()} "
-                                 "(IDAS requires a start that satisfies them; with init= only the "
-                                 "given components must).")
-    def positive(name, x, allow_zero=False):
-        x = jnp.asarray(x, dtype)
-        cx = _concrete(x)
-        if x.ndim or (cx is not None and not (cx > 0 or (allow_zero and cx == 0))):
-            raise ValueError(f"`{name}` must be a {'non-negative' if allow_zero else 'positive'} "
-                             f"scalar, got {x if cx is None else cx}.")
-        return x
-    max_step = jnp.asarray(jnp.inf, dtype) if max_step is None else positive("max_step", max_step)
-    min_step = jnp.asarray(0.0, dtype) if min_step is None else positive("min_step", min_step, True)
-    first_step = (jnp.asarray(jnp.nan, dtype) if first_step is None
-                  else positive("first_step", first_step))
-    if not (isinstance(max_order, (int, np.integer)) and 1 <= max_order <= 5):
-        raise ValueError(f"`max_order` must be an integer in 1..5, got {max_order!r}.")
-    return constraints, max_step, min_step, first_step
 
 
 # ------------------------------------------------------------- output-time dependence

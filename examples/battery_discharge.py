@@ -34,9 +34,9 @@ import time
 # Small dense matrices: single-threaded LAPACK is faster (docs/performance.md).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 

@@ -35,9 +35,9 @@ import time
 # Small dense matrices: single-threaded LAPACK is faster (docs/performance.md).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
@@ -85,7 +85,9 @@ def closed_form(log_p, h0):
 @jax.jit
 def residuals_and_jacobian(log_p, t_obs):
     """r = t*(p) − t_obs and ∂r/∂ln p (8 × 2) by forward sensitivities."""
-    times = lambda lp: drain_times(lp, H0)
+    def times(lp):
+        return drain_times(lp, H0)
+
     return times(log_p) - t_obs, jax.jacfwd(times)(log_p)
 
 

@@ -39,10 +39,10 @@ import time
 # Small dense matrices: single-threaded LAPACK is faster (docs/performance.md).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
@@ -181,7 +181,7 @@ def main():
 
     start = time.perf_counter()
     theta_ox, state, ox_hist = THETA0, optimizer.init(THETA0), []
-    for it in range(lbfgs_its):
+    for it in range(lbfgs_its):  # noqa: B007 (read after the loop: the step count)
         theta_ox, state, grad_norm = lbfgs_step(theta_ox, state)
         ox_hist.append(float(S(theta_ox, data)))
         if grad_norm < 1e-7:

@@ -26,9 +26,9 @@ import time
 # Small dense matrices: single-threaded LAPACK is faster (docs/performance.md).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import equinox as eqx
+import jax
+import jax.numpy as jnp
 
 jax.config.update("jax_enable_x64", True)
 
@@ -63,7 +63,7 @@ class RateLaw(eqx.Module):
 
 def reactor(t, y, yp, rate):
     """The physical DAE; `rate` is any callable c_B ↦ r (the truth or the network)."""
-    s, c_c, c_a, c_b = y
+    s, _c_c, c_a, c_b = y
     r = rate(c_b)
     return jnp.stack([yp[0] + r, yp[1] - r, c_a + c_b - s, c_b - K_EQ * c_a])
 

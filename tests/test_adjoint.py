@@ -55,7 +55,7 @@ def test_differentiating_the_controller_is_wrong():
     the step selection of 7d0a449), over 100 times the adjoint's error bound of
     100·rtol."""
     from daeadjoint._core import Config, Inputs, build_problem
-    from daeadjoint._forward_sensitivity import ForwardSensitivity
+    from daeadjoint._derivatives.forward_sensitivity import ForwardSensitivity
     from daeadjoint._integrator import Outputs, initial_state, initial_step, integrate
 
     rtol = 1e-8
@@ -399,7 +399,7 @@ def test_every_replayed_segment_repeats_the_forward_steps(monkeypatch):
     import dataclasses
 
     import daeadjoint._solve as solve_module
-    from daeadjoint._adjoint import replay_segment
+    from daeadjoint._derivatives.adjoint import replay_segment
     from daeadjoint._core import build_problem, run_forward
     from daeadjoint._integrator import StepRecorder, segment_capacity
 

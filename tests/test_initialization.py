@@ -21,7 +21,7 @@ import daeadjoint as dae
 from daeadjoint._initialization import (CONSTR_FAIL, CONV_FAIL, GUESS_VIOLATES, NONFINITE,
                                         SINGULAR, SUCCESS, CalcICOptions, calc_ic,
                                         error_if_failed)
-from daeadjoint._linear_solver import AbstractLinearSolver
+from daeadjoint._linalg.linear_solver import AbstractLinearSolver
 from ida_initialization_reference import ALGEBRAIC, PROBLEMS
 from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, mass_index1, robertson
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import daeadjoint as dae
-from daeadjoint._krylov import gmres
+from daeadjoint._linalg.krylov import gmres
 from daeadjoint._newton import EPS_NEWT
 from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
 from test_adjoint import KIN_TS, KIN_W, kinetics

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import daeadjoint as dae
-from daeadjoint._jacobian import detect_sparsity
+from daeadjoint._linalg.jacobian import detect_sparsity
 
 from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
 
@@ -269,8 +269,8 @@ def test_klu_solve_primitive_batching_and_derivatives():
     A well-conditioned J (diagonal +4): the solves agree to ~10 ulp, we allow 1e-12."""
     from jax.test_util import check_grads
 
-    from daeadjoint._klu import klu_solve
-    from daeadjoint._sparse import _plan
+    from daeadjoint._linalg.klu import klu_solve
+    from daeadjoint._linalg.sparse import _plan
 
     pattern, values, rhs, _, reference = random_band_systems(6, 1, 2, 3, 4, seed=0)
     plan = _plan(pattern, "klu")
@@ -319,7 +319,7 @@ def test_band_kernels_against_numpy(kernel):
     agree to ~10 ulp; we allow 1e-12."""
     from jax.test_util import check_grads
 
-    from daeadjoint._banded import band_singular, factor_band, solve_band
+    from daeadjoint._linalg.banded import band_singular, factor_band, solve_band
 
     pattern, values, rhs, dense, reference = random_band_systems(37, 3, 1, 2, 3, seed=1)
 
@@ -404,7 +404,7 @@ def test_unknown_band_kernel_is_a_clear_error():
 def test_lapack_kernel_unavailable(monkeypatch):
     """Where the LAPACK custom calls cannot be built (no numba, or XLA refuses them),
     "auto" uses the pure-JAX kernel and an explicit "lapack" raises naming why."""
-    from daeadjoint import _banded, _lapack_ffi
+    from daeadjoint._linalg import banded as _banded, lapack_ffi as _lapack_ffi
 
     assert _lapack_ffi.available() is None          # here they build
     monkeypatch.setattr(_lapack_ffi, "available", lambda: "ImportError: no numba")

@@ -1,5 +1,5 @@
 r"""Reverse-mode derivatives of `solve`: the continuous augmented adjoint DAE, solved
-backward with checkpoint recomputation (the impl of `_autodiff.cotangent_p`).
+backward with checkpoint recomputation (the impl of `autodiff.cotangent_p`).
 
 Mathematics (Li & Petzold, DASPKADJOINT, eqs. (10)/(14); Bartlett, SAND2007-6699,
 eqs. (38), (40)–(42)). For a loss with point terms on y(t_i), y'(t_i) and integral terms
@@ -55,14 +55,17 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from ._consistency import Split, consistency_solve, split_at
-from ._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, StepRecorder,
-                          initial_state, initial_step, integrate, restore_linear_state,
-                          segment_capacity)
-from ._linear_solver import AbstractLinearSolver
-from ._newton import maybe_update, tree_where
-from ._events import observations
-from ._results import RESULTS, succeeded
+from .._consistency import Split, consistency_solve, split_at
+from .._core import Tangents, build_problem, run_forward
+from .._events import observations
+from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, StepRecorder,
+                           initial_state, initial_step, integrate, restore_linear_state,
+                           segment_capacity)
+from .._linalg.linear_solver import AbstractLinearSolver
+from .._newton import maybe_update, tree_where
+from .._results import RESULTS, succeeded
+from .discrete_adjoint import DiscreteAdjoint
+from .tangents import _restrict
 
 
 class Adjoint(eqx.Module):
@@ -130,9 +133,6 @@ def discrete_fallback(adjoint: Adjoint, config, inputs, rec, ct, wanted, out, re
     """Where the continuous adjoint failed on a successful forward solve: the discrete
     adjoint's gradient (the forward solve re-run with its step log) and a warning. Runs
     only when some batch member failed (the predicate is shared by the batch)."""
-    from ._core import run_forward
-    from ._discrete_adjoint import DiscreteAdjoint
-
     failed = (result == RESULTS.adjoint_failed) & succeeded(rec.result)
 
     def discrete():
@@ -533,9 +533,6 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
     last (`segment_steps`), (A) is integrated backward through the observations in it
     (`integrate_segment`, `observe`); at t0 the initial-value cotangents follow
     (`at_t0`). Returns (Tangents with a leading axis k, restricted to `wanted`, result)."""
-    from ._autodiff import _restrict   # the Tangents helpers live with the primitives
-    from ._core import build_problem
-
     # Output rows and event roots as point observations, sorted by time.
     ts, yd_bar, qbar, p_events = observations(config, inputs, rec, ct)
     k = yd_bar.shape[0]
@@ -599,9 +596,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
 def at_t0(bw: _Backward, config, inputs, c: dict, unravel, pd, p_events):
     """At t0: the observations there, then the initial-value cotangents (`init`
     semantics) and the one of t0; the parameter gradient with everything banked."""
-    from ._core import Tangents
-
-    k, npar, a, t0 = bw.k, bw.terms.npar, bw.algebraic, inputs.t0
+    k, npar, t0 = bw.k, bw.terms.npar, inputs.t0
     adj = c["adj"]
     mu = jnp.where(c["started"], bw.mu(adj), 0.0)
     pbar = c["pbar"] + jnp.where(c["started"], adj.phiq[0].reshape(k, npar), 0.0)

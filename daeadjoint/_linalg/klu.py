@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from ._jacobian import Sparsity
+from .jacobian import Sparsity
 
 
 def klujax():

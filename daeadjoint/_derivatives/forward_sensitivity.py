@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from ._bdf import wrms
-from ._newton import EPS_NEWT, MAX_ITERS, RATE_MAX, TOLDEL
+from .._bdf import wrms
+from .._newton import EPS_NEWT, MAX_ITERS, RATE_MAX, TOLDEL
 
 
 class SensitivityProblem(eqx.Module):

@@ -3,19 +3,19 @@ r"""How JAX's transformations reach the solver: one derivative machinery for eve
 `solve_core(config, inputs)` is a `jax.custom_jvp`. Its tangent is the *linear* primitive
 `tangent_p`,
 
-    ẏ = L(x) ẋ,            impl: forward sensitivities (`_forward_sensitivity.py`),
+    ẏ = L(x) ẋ,            impl: forward sensitivities (`forward_sensitivity.py`),
 
 whose transpose is the primitive `cotangent_p`,
 
     x̄ = L(x)ᵀ ȳ,          impl: the reverse pass of `config.reverse` (the continuous
-                           adjoint DAE, `_adjoint.py`, or the discrete adjoint),
+                           adjoint DAE, `adjoint.py`, or the discrete adjoint),
 
 so `jax.jvp`/`jax.jacfwd`/`jax.linearize` run forward sensitivities and
 `jax.grad`/`jax.vjp`/`jax.jacrev` (which JAX builds by transposing the linearization)
 run the adjoint: JAX's own transformation picks the mode. Both primitives are made with
 `equinox.internal`'s filtered primitives (as lineax builds `linear_solve`), batched by
 `create_vprim` (vmap of their rules) — except that a batch of tangents alone (`jacfwd`)
-is folded into the directions of one sensitivity integration.
+is folded into the directions of one sensitivity integration (`batching.py`).
 
 Pure forward mode. Under `jax.jvp`/`jax.jacfwd` the primal and its tangent come from
 one integration, `primal_tangent_p` (the state with its sensitivities), instead of a
@@ -26,7 +26,7 @@ evaluation: then the primal solve and the linear `tangent_p` stay apart
 unfused form where the solve sits inside a `jit` whose jaxpr JAX partially evaluates).
 
 Higher orders. The derivatives of L and Lᵀ with respect to x come from the augmented DAE
-(G) of `_augmented.py`, solved by `solve_core` itself: with T(x, u) = (y(x), L(x) u) the
+(G) of `augmented.py`, solved by `solve_core` itself: with T(x, u) = (y(x), L(x) u) the
 outputs of (G),
 
     d[L(x) ẋ]            = jvp of T's second output in (x, ẋ),
@@ -48,129 +48,32 @@ import equinox as eqx
 import equinox.internal as eqxi
 import jax
 import jax.extend.core
-import jax.interpreters.batching as batching
 import jax.numpy as jnp
-import numpy as np
 
-from ._augmented import AugmentedSolver, augmented_quadrature, augmented_residual
-from ._consistency import consistent_values, initial_sensitivities
-from ._core import Inputs, Tangents, run, run_forward, run_tangent
-from ._events import event_tangents
-from ._forward_sensitivity import direction_scale, sensitivity_atol
-from ._results import RESULTS, succeeded
+from .._consistency import consistent_values, initial_sensitivities
+from .._core import Inputs, Tangents, run, run_forward, run_tangent
+from .._events import event_tangents
+from .._results import RESULTS, succeeded
+from .augmented import AugmentedSolver, augmented_quadrature, augmented_residual
+from .forward_sensitivity import direction_scale, sensitivity_atol
+from .tangents import (_differentiable_part, _full, _is_symbolic_zero, _nones_like, _restrict,
+                       _wanted, _with_differentiable, _zero_tangent, input_tangents)
 
-# ------------------------------------------------------------------------- utilities
-
-
-def _is_symbolic_zero(x) -> bool:
-    return isinstance(x, jax.custom_derivatives.SymbolicZero)
+# ------------------------------------------------- operands of the filtered primitives
 
 
-def _zero_tangent(x):
-    if jnp.issubdtype(jnp.result_type(x), jnp.inexact):
-        return jnp.zeros_like(x)
-    return np.zeros(jnp.shape(x), dtype=jax.dtypes.float0)
+def _unflatten(values, static, treedef):
+    it = iter(values)
+    flat = [next(it) if s is _MISSING else s for s in static]
+    return jax.tree_util.tree_unflatten(treedef, flat)
 
 
-def _differentiable_part(inputs: Inputs):
-    """(t0, y0, yp0, inexact leaves of args) — what derivatives are taken with respect to."""
-    return (inputs.t0, inputs.y0, inputs.yp0, eqx.filter(inputs.args, eqx.is_inexact_array))
+def _missing_marker():
+    from equinox.internal import _primitive
+    return _primitive._missing_dynamic
 
 
-def _with_differentiable(inputs: Inputs, xd) -> Inputs:
-    t0, y0, yp0, dyn = xd
-    static = eqx.filter(inputs.args, eqx.is_inexact_array, inverse=True)
-    return dataclasses.replace(inputs, t0=t0, y0=y0, yp0=yp0, args=eqx.combine(dyn, static))
-
-
-_NON_DIFF_NAMES = {
-    "t1": "t1 (its effect on the outputs, through the default saveat = [t1], is "
-          "differentiated outside the core)",
-    "saveat": "saveat", "rtol": "rtol", "atol": "atol", "quad_rtol": "quad_rtol",
-    "quad_atol": "quad_atol", "tstop": "tstop",
-}
-
-
-def input_tangents(inputs: Inputs, tangents) -> Tangents | None:
-    """Tangents of the differentiable inputs from a pytree like `inputs` (None or
-    SymbolicZero leaves for zero tangents); a clear error for a tangent on anything that
-    cannot be differentiated. None when no input has a tangent."""
-
-    def present(x):
-        return x is not None and not _is_symbolic_zero(x)
-
-    def nonzero_float(x):
-        return present(x) and getattr(x, "dtype", None) != jax.dtypes.float0
-
-    for name in _NON_DIFF_NAMES:
-        leaves = jax.tree_util.tree_leaves(getattr(tangents, name), is_leaf=_is_symbolic_zero)
-        if any(nonzero_float(x) for x in leaves):
-            raise ValueError(
-                f"daeadjoint: `solve` is not differentiable with respect to "
-                f"{_NON_DIFF_NAMES[name]}: the continuous solution does not depend on it. "
-                "Wrap it in jax.lax.stop_gradient, or differentiate with respect to the "
-                "problem's data (args, y0, yp0, t0, t1, saveat) only.")
-    t0 = tangents.t0 if present(tangents.t0) else None
-    y0 = tangents.y0 if present(tangents.y0) else None
-    yp0 = tangents.yp0 if present(tangents.yp0) else None
-    leaves_p, tree = jax.tree_util.tree_flatten(eqx.filter(inputs.args, eqx.is_inexact_array))
-    leaves_t = _match_args_tangents(inputs.args, tangents.args)
-    args = None
-    if any(present(t) for t in leaves_t):
-        args = jax.tree_util.tree_unflatten(
-            tree, [t if present(t) else jnp.zeros_like(p) for p, t in zip(leaves_p, leaves_t)])
-    if t0 is None and y0 is None and yp0 is None and args is None:
-        return None
-    return Tangents(t0=t0, y0=y0, yp0=yp0, args=args)
-
-
-def _match_args_tangents(args, args_tangents):
-    """The tangents of the inexact-array leaves of `args`, in the order of
-    `jax.tree_util.tree_leaves(eqx.filter(args, eqx.is_inexact_array))` (None where the
-    tangent is absent)."""
-    flat_p = jax.tree_util.tree_leaves(args, is_leaf=lambda x: x is None)
-    flat_t = jax.tree_util.tree_leaves(args_tangents, is_leaf=lambda x: x is None or _is_symbolic_zero(x))
-    if len(flat_p) != len(flat_t):   # tangents of non-array leaves were dropped
-        flat_t = flat_t + [None] * (len(flat_p) - len(flat_t))
-    return [t for p, t in zip(flat_p, flat_t) if eqx.is_inexact_array(p)]
-
-
-def _is_inexact(x) -> bool:
-    """An inexact array, also as an abstract value (inside abstract evaluation)."""
-    if isinstance(x, jax.core.ShapedArray):
-        return jnp.issubdtype(x.dtype, jnp.inexact)
-    return eqx.is_inexact_array(x)
-
-
-def _full(inputs: Inputs, t: Tangents | None, lead=()) -> Tangents:
-    """`t` with zeros for every absent part (for the augmented system)."""
-    t = Tangents() if t is None else t
-    dyn = eqx.filter(inputs.args, _is_inexact)
-    z = lambda x: jnp.zeros(lead + jnp.shape(x), jnp.result_type(x))  # noqa: E731
-    # Absent parts may be a whole field or single leaves of args (a symbolic zero).
-    args = (jax.tree_util.tree_map(z, dyn) if t.args is None else
-            jax.tree_util.tree_map(lambda p, d: z(p) if d is None else d, dyn, t.args))
-    return Tangents(
-        t0=z(inputs.t0) if t.t0 is None else t.t0,
-        y0=z(inputs.y0) if t.y0 is None else t.y0,
-        yp0=z(inputs.yp0) if t.yp0 is None else t.yp0,
-        args=args)
-
-
-def _nones_like(x):
-    """A pytree like x with None at every leaf (no cotangent)."""
-    return jax.tree_util.tree_map(lambda _: None, x)
-
-
-def _restrict(t: Tangents, wanted: Tangents) -> Tangents:
-    return Tangents(**{f: (getattr(t, f) if getattr(wanted, f) is not None else None)
-                       for f in ("t0", "y0", "yp0", "args")})
-
-
-def _wanted(t: Tangents) -> Tangents:
-    """A static marker of which parts of a Tangents are present."""
-    return Tangents(**{f: (True if getattr(t, f) is not None else None)
-                       for f in ("t0", "y0", "yp0", "args")})
+_MISSING = _missing_marker()
 
 
 # ------------------------------------------------------------------------- the core
@@ -663,158 +566,3 @@ hessian_p = eqxi.create_vprim(
     eqxi.filter_primitive_jvp(_hessian_jvp),
     eqxi.filter_primitive_transpose(materialise_zeros=False)(_hessian_transpose),
 )
-
-
-# ------------------------------------------------------------------- batching rules
-
-
-def _unflatten(values, static, treedef):
-    it = iter(values)
-    flat = [next(it) if s is _MISSING else s for s in static]
-    return jax.tree_util.tree_unflatten(treedef, flat)
-
-
-def _dims_tree(dims, static, treedef):
-    """The operands' batch axes as their pytree: None at every static (non-array) leaf,
-    so that only the array operands count as batched."""
-    return _unflatten(dims, [x if x is _MISSING else None for x in static], treedef)
-
-
-def _missing_marker():
-    from equinox.internal import _primitive
-    return _primitive._missing_dynamic
-
-
-_MISSING = _missing_marker()
-_vprim_rules = {p: batching.fancy_primitive_batchers[p]
-                for p in (tangent_p, cotangent_p, hessian_p, primal_tangent_p)}
-# Which operand of each primitive is linear (tangent, cotangent, direction).
-_LINEAR = {tangent_p: 3, cotangent_p: 3, hessian_p: 3, primal_tangent_p: 2}
-
-
-def _vmapped(prim, axis_data, vals, dims, params):
-    """create_vprim's rule (vmap of impl/jvp/transpose), with the linear operand
-    broadcast to the batch first: the transpose of a batched linear map gives a batched
-    cotangent, which vprim can only return for a batched operand (the broadcast's own
-    transpose then sums it, as JAX's semantics require)."""
-    if all(d is None for d in dims):
-        out = prim.bind(*vals, **params)
-        return out, [None] * len(out)
-    if axis_data.size == 1:
-        # A batch of one (jax.hessian of a scalar, jacrev of one output): no vmap of the
-        # integrators (whose batching rule re-traces every nested loop).
-        vals = [v if d is None else jnp.take(v, 0, axis=d) for v, d in zip(vals, dims)]
-        out = prim.bind(*vals, **params)
-        return [o[None] for o in out], [0] * len(out)
-    counter = iter(range(len(vals)))
-    flat_idx = [next(counter) if s is _MISSING else None for s in params["static"]]
-    tree_idx = jax.tree_util.tree_unflatten(params["treedef"], flat_idx)
-    vals, dims = list(vals), list(dims)
-    for i in jax.tree_util.tree_leaves(tree_idx[_LINEAR[prim]]):
-        if dims[i] is None:
-            vals[i] = jnp.broadcast_to(vals[i], (axis_data.size,) + jnp.shape(vals[i]))
-            dims[i] = 0
-    return _vprim_rules[prim](axis_data, tuple(vals), tuple(dims), **params)
-
-
-def _fold_directions(x, dims, b: int, ndir):
-    """A batch (size b, axes `dims`) of an operand with `ndir` directions (None: one)
-    as b·ndir directions of one run: (folded operand, new ndir)."""
-    def to_front(v, d):
-        return jnp.broadcast_to(v, (b,) + jnp.shape(v)) if d is None else jnp.moveaxis(v, d, 0)
-
-    x = jax.tree_util.tree_map(to_front, x, dims)
-    if ndir is None:
-        return x, b
-    return jax.tree_util.tree_map(lambda v: v.reshape((b * ndir,) + v.shape[2:]), x), b * ndir
-
-
-def _unfold_directions(out, b: int, ndir):
-    """The inverse of `_fold_directions` on a run's outputs (batch axis 0)."""
-    if ndir is None:
-        return out
-    return jax.tree_util.tree_map(lambda v: v.reshape((b, ndir) + v.shape[1:]), out)
-
-
-def _tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
-    """A batch of tangents alone (`jacfwd`, `vmap` of `jvp` over tangents) becomes the
-    directions of one sensitivity integration; anything else is vmapped (create_vprim)."""
-    if all(d is None for d in dims):
-        out = tangent_p.bind(*vals, treedef=treedef, static=static, flatten=flatten)
-        return out, [None] * len(out)
-    inputs_all = _unflatten(vals, static, treedef)
-    dims_all = _dims_tree(dims, static, treedef)
-    config_d, inputs_d, rec_d, t_d, _ = dims_all
-    others = jax.tree_util.tree_leaves((config_d, inputs_d, rec_d))
-    if any(d is not None for d in others):
-        return _vmapped(tangent_p, axis_data, vals, dims,
-                        dict(treedef=treedef, static=static, flatten=flatten))
-    config, inputs, rec, t, ndir = inputs_all
-    b = axis_data.size
-    t, new_ndir = _fold_directions(t, t_d, b, ndir)
-    out = eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, new_ndir)
-    out = _unfold_directions(out, b, ndir)
-    out_dims = jax.tree_util.tree_map(lambda _: 0, out)
-    return flatten(out, out_dims)
-
-
-def _primal_tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
-    """A batch of tangents alone (`jacfwd`) becomes the directions of the one run (the
-    primal stays unbatched); anything else is vmapped."""
-    params = dict(treedef=treedef, static=static, flatten=flatten)
-    if all(d is None for d in dims):
-        out = primal_tangent_p.bind(*vals, **params)
-        return out, [None] * len(out)
-    config, inputs, t, ndir = _unflatten(vals, static, treedef)
-    dims_all = _dims_tree(dims, static, treedef)
-    if any(d is not None for d in jax.tree_util.tree_leaves(dims_all[:2])):
-        # Batched primals: vmap the unfused form. (A vmapped fused run could not be
-        # split again if JAX linearizes it later — `grad` of a vmapped, jitted solve
-        # partially evaluates the vmapped jvp.)
-        out = jax.vmap(lambda c, i, t_: _unfused(c, i, t_, ndir), in_axes=dims_all[:3],
-                       axis_size=axis_data.size)(config, inputs, t)
-        return flatten(out, jax.tree_util.tree_map(lambda _: 0, out))
-    b = axis_data.size
-    t, new_ndir = _fold_directions(t, dims_all[2], b, ndir)
-    core, dots = eqxi.filter_primitive_bind(primal_tangent_p, config, inputs, t, new_ndir)
-    dots = _unfold_directions(dots, b, ndir)
-    out_dims = (jax.tree_util.tree_map(lambda _: None, core),
-                jax.tree_util.tree_map(lambda _: 0, dots))
-    return flatten((core, dots), out_dims)
-
-
-def _fold_batch(prim, linear: int):
-    """A batch of the linear operand alone (`jacrev`: many cotangents; `jacfwd` over a
-    Hessian-vector product: many directions) becomes `ndir` directions of one native
-    integration (operand index `linear`, `ndir` the last operand); anything else is
-    vmapped."""
-    def rule(axis_data, vals, dims, *, treedef, static, flatten):
-        if all(d is None for d in dims):
-            out = prim.bind(*vals, treedef=treedef, static=static, flatten=flatten)
-            return out, [None] * len(out)
-        inputs_all = _unflatten(vals, static, treedef)
-        dims_all = _dims_tree(dims, static, treedef)
-        others = jax.tree_util.tree_leaves(dims_all[:linear] + dims_all[linear + 1:-1])
-        if any(d is not None for d in others):
-            return _vmapped(prim, axis_data, vals, dims,
-                            dict(treedef=treedef, static=static, flatten=flatten))
-        b = axis_data.size
-        ndir = inputs_all[-1]
-        lin, new_ndir = _fold_directions(inputs_all[linear], dims_all[linear], b, ndir)
-        args = inputs_all[:linear] + (lin,) + inputs_all[linear + 1:-1] + (new_ndir,)
-        out = _unfold_directions(eqxi.filter_primitive_bind(prim, *args), b, ndir)
-        return flatten(out, jax.tree_util.tree_map(lambda _: 0, out))
-    return rule
-
-
-def _fallback_batch(prim):
-    def rule(axis_data, vals, dims, *, treedef, static, flatten):
-        return _vmapped(prim, axis_data, vals, dims,
-                        dict(treedef=treedef, static=static, flatten=flatten))
-    return rule
-
-
-batching.fancy_primitive_batchers[tangent_p] = _tangent_batch
-batching.fancy_primitive_batchers[primal_tangent_p] = _primal_tangent_batch
-batching.fancy_primitive_batchers[cotangent_p] = _fold_batch(cotangent_p, 3)
-batching.fancy_primitive_batchers[hessian_p] = _fallback_batch(hessian_p)

@@ -1,7 +1,7 @@
 """Banded LU: `BandedLU(lower, upper)`, and its pure-JAX kernel.
 
 Two kernels factorize the band (`kernel=`, chosen by `resolve_kernel`): on one CPU
-device LAPACK's gbtrf/gbtrs as XLA custom calls (`_band_lapack`), elsewhere (GPUs,
+device LAPACK's gbtrf/gbtrs as XLA custom calls (`band_lapack.py`), elsewhere (GPUs,
 several devices) the block elimination below, in pure JAX. Measured on one core, one
 factorization and six solves, R5 heat M = 40 (n = 1764, l = u = 42): 1.4 ms vs 6.8 ms.
 
@@ -30,7 +30,7 @@ this matrix; its singularity test is exact zeros only, the relative one also cat
 index-2 and inconsistent algebraic blocks).
 
 The matrix is assembled by l + u + 1 coloured `jax.jvp`s (columns j ≡ c mod (l + u + 1),
-`_jacobian.banded_colours`). A bandwidth that is too small would fold the missing
+`jacobian.banded_colours`). A bandwidth that is too small would fold the missing
 entries into wrong ones; each setup compares J v from the band with `jax.jvp` for one
 fixed random v and raises (through `equinox.error_if`, under jit too) naming the
 bandwidth.
@@ -47,10 +47,10 @@ import jax.scipy.linalg as jsl
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from . import _band_lapack, _lapack_ffi
-from ._jacobian import (Sparsity, assemble, banded_colours, check_pattern,
+from . import band_lapack, lapack_ffi
+from .jacobian import (Sparsity, assemble, banded_colours, check_pattern,
                         compressed_jacobian, pattern_mismatch, seeds)
-from ._linear_solver import AbstractLinearSolver
+from .linear_solver import AbstractLinearSolver
 
 
 KERNELS = ("auto", "lapack", "jax")
@@ -58,7 +58,7 @@ KERNELS = ("auto", "lapack", "jax")
 
 def resolve_kernel(kernel: str) -> str:
     """`"auto"` → `"lapack"` when the program runs on a single CPU device and the LAPACK
-    custom calls build here (`_lapack_ffi`: numba compiles them), `"jax"` otherwise: on
+    custom calls build here (`lapack_ffi.py`: numba compiles them), `"jax"` otherwise: on
     GPUs, and with several devices, where XLA's partitioner cannot split a custom call
     and runs it replicated, on the whole batch on every device, while the pure-JAX kernel
     partitions like any JAX code. An explicit `"lapack"` that cannot be built raises
@@ -67,12 +67,12 @@ def resolve_kernel(kernel: str) -> str:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}.")
     if kernel == "auto":
         single_cpu = jax.default_backend() == "cpu" and jax.device_count() == 1
-        return "lapack" if single_cpu and _lapack_ffi.available() is None else "jax"
+        return "lapack" if single_cpu and lapack_ffi.available() is None else "jax"
     if kernel == "lapack":
         if jax.default_backend() != "cpu":
             raise ValueError(f"kernel='lapack' runs on the CPU; the default backend here is "
                              f"{jax.default_backend()!r}: use kernel='jax' (or 'auto').")
-        if (why := _lapack_ffi.available()) is not None:
+        if (why := lapack_ffi.available()) is not None:
             raise ValueError(f"kernel='lapack' is unavailable here ({why}); use "
                              "kernel='jax' (or 'auto').")
         if jax.device_count() > 1:
@@ -88,7 +88,7 @@ def factor_band(values: Float[Array, " nnz"], sparsity: Sparsity, kernel: str):
     """Factorize the matrix with nonzeros `values` on the band pattern `sparsity` with the
     (resolved) kernel; the state for `solve_band`/`band_singular`."""
     if kernel == "lapack":
-        return _band_lapack.factor(values, _band_lapack.band_layout(sparsity))
+        return band_lapack.factor(values, band_lapack.band_layout(sparsity))
     return factor_blocks(to_blocks(values, block_layout(sparsity)))
 
 
@@ -96,7 +96,7 @@ def solve_band(state, rhs: Float[Array, " n"], sparsity: Sparsity, kernel: str,
                transpose: bool = False):
     """J x = rhs (or Jᵀ x = rhs) with the state of `factor_band`."""
     if kernel == "lapack":
-        return _band_lapack.solve(state, rhs, _band_lapack.band_layout(sparsity), transpose)
+        return band_lapack.solve(state, rhs, band_lapack.band_layout(sparsity), transpose)
     if transpose:
         return solve_blocks_transposed(state, rhs, sparsity.n)
     return solve_blocks(state, rhs, sparsity.n)
@@ -105,7 +105,7 @@ def solve_band(state, rhs: Float[Array, " n"], sparsity: Sparsity, kernel: str,
 def band_singular(state, kernel: str) -> Bool[Array, ""]:
     """`DenseLU`'s singularity test on the pivots of `factor_band`."""
     if kernel == "lapack":
-        return _band_lapack.singular(state)
+        return band_lapack.singular(state)
     return blocks_singular(state)
 
 
@@ -165,7 +165,7 @@ def factor_blocks(blocks):
     Returns the state (d, perm, lu11, l21, u_rest, pivots): d the row scaling (J_s =
     diag(d) J), per block step the panel's row permutation (2b,), the packed unit-lower
     L11 / upper U11 (b, b), L21 (b, b), [U12 U13] (b, 2b), and U's diagonal."""
-    nbp, _, b, _ = blocks.shape
+    _, _, b, _ = blocks.shape
     rownorm = jnp.max(jnp.abs(blocks), axis=(1, 3))
     d = 1.0 / jnp.where(rownorm > 0, rownorm, 1.0)
     scaled = blocks * d[:, None, :, None]
@@ -275,7 +275,7 @@ class BandedLU(AbstractLinearSolver):
       One extra `jvp` per setup. Default True.
     - `kernel`: `"lapack"` (LAPACK's gbtrf/gbtrs — the factorization of IDAS's
       SUNLinSol_LapackBand — as XLA custom calls compiled by numba; CPU), `"jax"` (block
-      elimination in pure JAX, see `daeadjoint._banded`; any device) or `"auto"`
+      elimination in pure JAX, see `daeadjoint._linalg.banded`; any device) or `"auto"`
       (default: `"lapack"` when the program runs on a single CPU device, `"jax"` on GPUs
       and whenever several devices exist — XLA cannot partition the custom call over a
       sharded batch). Both run under `jit`, `vmap` and every derivative, and give the same

@@ -52,8 +52,8 @@ import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 from jaxtyping import Array, Bool, Float, Int
 
-from ._linear_solver import AbstractLinearSolver
-from ._newton import EPS_NEWT
+from .._newton import EPS_NEWT
+from .linear_solver import AbstractLinearSolver
 
 EPLIFAC = 0.05      # IDAS eplifac (IDASetEpsLin): linear tolerance / Newton tolerance
 

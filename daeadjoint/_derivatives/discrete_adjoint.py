@@ -31,13 +31,15 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from ._bdf import (NPHI, complete_history, derivative_weights, interpolation_weights, predict,
-                   scale_history, set_coefficients)
-from ._consistency import after, before, restart_point, split_at
-from ._integrator import CheckpointRecorder, StepLog
-from ._linear_solver import SetupWithArgs
-from ._events import observations
-from ._results import RESULTS, succeeded
+from .._bdf import (NPHI, complete_history, derivative_weights, interpolation_weights, predict,
+                    scale_history, set_coefficients)
+from .._consistency import after, before, consistent_values, restart_point, split_at
+from .._core import Tangents
+from .._events import observations
+from .._integrator import CheckpointRecorder, StepLog
+from .._linalg.linear_solver import SetupWithArgs
+from .._results import RESULTS, succeeded
+from .tangents import _restrict
 
 
 class DiscreteAdjoint(eqx.Module):
@@ -121,10 +123,6 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
     """VJP of the replayed discrete map, segment by segment from the last, for k
     cotangent directions. Returns (Tangents with a leading axis k, restricted to
     `wanted`, result)."""
-    from ._autodiff import _restrict
-    from ._consistency import consistent_values
-    from ._core import Tangents
-
     log, cks = rec.log, rec.checkpoints
     y0c, yp0c = rec.y0, rec.yp0
     t0, a = inputs.t0, inputs.algebraic

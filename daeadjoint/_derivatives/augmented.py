@@ -25,7 +25,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._linear_solver import AbstractLinearSolver
+from .._linalg.linear_solver import AbstractLinearSolver
 
 
 def augmented_residual(residual: Callable, n: int) -> Callable:

@@ -180,7 +180,7 @@ def detect_sparsity(residual: Callable, t, y, yp, args) -> Sparsity:
         pattern = asdex.jacobian_sparsity(
             lambda y_, yp_, e: converted(y_, yp_, e[0], e[1], *e[2]),
             sample, sample, extra, argnums=(0, 1))
-    except Exception as err:   # noqa: BLE001 — any failure of the analysis is reported
+    except Exception as err:   # any failure of the analysis is reported
         raise SparsityDetectionError(
             "daeadjoint could not detect the sparsity pattern of the residual from its "
             f"program ({type(err).__name__}: {err}). Pass it yourself: "

@@ -1,10 +1,10 @@
 """The CPU kernel of the banded LU: LAPACK's gbtrf/gbtrs inside the XLA program.
 
-`_banded`'s block elimination is pure JAX and runs anywhere, but on a CPU it executes
+`banded.py`'s block elimination is pure JAX and runs anywhere, but on a CPU it executes
 n/b dependent steps of small kernels inside XLA's loop machinery; LAPACK's band
 factorization (the one IDAS's SUNLinSol_LapackBand calls, and the reference
 implementation of GEPP on a band) does the same O(n·l·(l + u)) arithmetic in one call.
-Both LAPACK routines run as XLA FFI custom calls (`_lapack_ffi`): in place, on the
+Both LAPACK routines run as XLA FFI custom calls (`lapack_ffi.py`): in place, on the
 program's buffers, without Python. Measured on R5 heat at M = 40 (n = 1764, l = u = 42,
 one core), one factorization and six solves in a jitted loop: 1.4 ms, against 6.8 ms
 for the block scan and 5.6 ms when the same LAPACK calls went through
@@ -16,13 +16,13 @@ shape (n, 2l + u + 1) is the Fortran-ordered (2l + u + 1, n) array LAPACK reads:
     band[j, l + u + i − j] = J[i, j]      (−l ≤ j − i ≤ u; the first l entries of each
                                            row are gbtrf's workspace for pivoting fill)
 
-Rows are equilibrated by their ∞-norms first (as `_banded`), and the singularity test is
+Rows are equilibrated by their ∞-norms first (as `banded.py`), and the singularity test is
 `DenseLU`'s on U's diagonal (gbtrf's pivots): non-finite, or ≤ n·eps·max |pivot|.
 
 - `factor(values, layout)` → `BandFactors` (gbtrf; not differentiated: the factors
   are data for the solve, whose derivative rules use the matrix itself).
 - `band_solve_p(band, lu, ipiv, rhs)`: J x = rhs (or Jᵀ x = rhs) by gbtrs. A primitive,
-  like `_klu.klu_solve_p`, so that it is a differentiable linear solve: JVP
+  like `klu.klu_solve_p`, so that it is a differentiable linear solve: JVP
   d(J⁻¹ b) = J⁻¹ (db − dJ x) with dJ from `band`'s tangent, transpose = the solve with
   Jᵀ (`DiscreteAdjoint` differentiates through it), and a batching rule that hands a
   batch of matrices, or many right-hand sides of one matrix, to one custom call.
@@ -38,8 +38,8 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, Bool, Float, Int
 
-from . import _lapack_ffi
-from ._jacobian import Sparsity
+from . import lapack_ffi
+from .jacobian import Sparsity
 
 
 class BandLayout(NamedTuple):
@@ -85,7 +85,7 @@ def factor(values: Float[Array, " nnz"], layout: BandLayout) -> BandFactors:
     d = 1.0 / jnp.where(rownorm > 0, rownorm, 1.0)
     scaled = values * d[layout.rows]
     band = jnp.zeros((n, layout.width), values.dtype).at[layout.index].set(scaled)
-    factor_target, _ = _lapack_ffi.targets(band.dtype)
+    factor_target, _ = lapack_ffi.targets(band.dtype)
     lu, ipiv = jax.ffi.ffi_call(
         factor_target,
         (jax.ShapeDtypeStruct(band.shape, band.dtype),
@@ -116,7 +116,7 @@ def singular(state: BandFactors) -> Bool[Array, ""]:
 
 
 def _params(lower: int, upper: int, transpose: bool) -> Int[Array, " 3"]:
-    """The custom calls' static integers, as an operand (`_lapack_ffi`)."""
+    """The custom calls' static integers, as an operand (`lapack_ffi.py`)."""
     return jnp.array([lower, upper, int(transpose)], jnp.int32)
 
 
@@ -130,7 +130,7 @@ def _solve_body(band, lu, ipiv, rhs, *, lower, upper, transpose):
     """gbtrs in XLA; `band` is carried only for the derivative rules. `lu` is one matrix
     (every right-hand side solved with it) or a batch aligned with `rhs` (`_batch`)."""
     del band
-    _, solve_target = _lapack_ffi.targets(lu.dtype)
+    _, solve_target = lapack_ffi.targets(lu.dtype)
     return jax.ffi.ffi_call(solve_target, jax.ShapeDtypeStruct(rhs.shape, rhs.dtype))(
         _params(lower, upper, transpose), lu, ipiv, rhs)
 

@@ -1,17 +1,17 @@
 """Sparse direct solvers: `SparseLU`, and `default_linear_solver` (which solver to use).
 
 J = F_y + cj F_y' is assembled from its sparsity pattern (detected from the residual's
-program, or given) by one vmapped `jax.jvp` per column colour (`_jacobian`), never as an
+program, or given) by one vmapped `jax.jvp` per column colour (`jacobian.py`), never as an
 n×n array, and factorized by one of two backends:
 
 - `"banded"` (default; jit/vmap, any device): the reverse Cuthill–McKee ordering of the
   symmetrized pattern (scipy, once, at trace time) permutes J to a narrow band, P J Pᵀ,
-  which `_banded`'s band LU factorizes in O(n·b) memory, b the permuted bandwidth —
+  which `banded.py`'s band LU factorizes in O(n·b) memory, b the permuted bandwidth —
   LAPACK's gbtrf as an XLA custom call on CPUs, block GEPP in pure JAX elsewhere
   (`kernel=`). Right for 1-D chains, meshes of modest width, networks that RCM orders
   well. Singular matrices are reported as `DenseLU` does (relative pivot test).
 - `"klu"`: KLU (Davis & Palamadai Natarajan; the sparse direct solver of IDAS's
-  SUNLinSol_KLU and PyBaMM's IDAKLU) through `klujax`, CPU only (`_klu`). The symbolic
+  SUNLinSol_KLU and PyBaMM's IDAKLU) through `klujax`, CPU only (`klu.py`). The symbolic
   analysis (BTF + AMD ordering) is done once per pattern. Each solve refactorizes from
   the carried O(nnz) values (`solve_with_symbol`) — still far cheaper than a dense or
   wide-band factorization on 2-D/3-D meshes: klujax's numeric factorizations made inside
@@ -19,10 +19,10 @@ n×n array, and factorized by one of two backends:
   factorization per setup would leak one per setup), and its in-place `refactor` would
   make the matrices alive at the same time (adjoint iteration and jump matrices, vmap
   members) share one. KLU stops the program with a runtime error on a singular matrix
-  and exposes no pivots, so each setup tests J on the host (`_klu.klu_singular`:
+  and exposes no pivots, so each setup tests J on the host (`klu.klu_singular`:
   `DenseLU`'s pivot test on a SuperLU factorization) and hands KLU the identity instead
   of a singular J; `is_singular` reports the test. The pattern and the symbolic handle
-  are static parameters of `_klu.klu_solve_p`, not arrays, so `vmap` over whole solves
+  are static parameters of `klu.klu_solve_p`, not arrays, so `vmap` over whole solves
   (batched `lax.cond`s batch every array operand) works.
 """
 
@@ -35,11 +35,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool
 
-from ._banded import KERNELS, band_singular, factor_band, resolve_kernel, solve_band
-from ._jacobian import (Sparsity, assemble, check_pattern, colour_columns,
+from .banded import KERNELS, band_singular, factor_band, resolve_kernel, solve_band
+from .jacobian import (Sparsity, assemble, check_pattern, colour_columns,
                         compressed_jacobian, detect_sparsity, pattern_mismatch, seeds)
-from ._klu import klu_singular, klu_solve, klujax as _klujax
-from ._linear_solver import AbstractLinearSolver, DenseLU
+from .klu import klu_singular, klu_solve, klujax as _klujax
+from .linear_solver import AbstractLinearSolver, DenseLU
 
 
 # ------------------------------------------------------------------ static plans
@@ -119,7 +119,7 @@ class SparseLU(AbstractLinearSolver):
       raises `SparsityDetectionError` asking for the pattern.
     - `backend`: `"banded"` (default: reverse Cuthill–McKee to a band, then band LU with
       partial pivoting — jit, vmap, CPU and GPU) or `"klu"` (KLU through klujax, CPU; see
-      `daeadjoint._sparse`).
+      `daeadjoint._linalg.sparse`).
     - `kernel`: the band LU's kernel for `backend="banded"`, as `BandedLU(kernel=...)`:
       `"auto"` (default: LAPACK on a single CPU device, pure JAX on GPUs and with
       several devices), `"lapack"` or `"jax"`.

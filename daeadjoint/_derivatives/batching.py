@@ -1,0 +1,155 @@
+"""The batching rules of `autodiff.py`'s primitives. A batch of the linear operand alone
+(tangents under `jacfwd`, cotangents under `jacrev`, directions of a Hessian-vector
+product) is folded into the directions of one integration; anything else is vmapped as
+`equinox.internal.create_vprim` would. Importing this module installs the rules (`_solve`
+imports it)."""
+
+import equinox.internal as eqxi
+import jax
+import jax.interpreters.batching as batching
+import jax.numpy as jnp
+
+from .autodiff import (_MISSING, _unflatten, _unfused, cotangent_p, hessian_p,
+                       primal_tangent_p, tangent_p)
+
+# ------------------------------------------------------------------- batching rules
+
+
+def _dims_tree(dims, static, treedef):
+    """The operands' batch axes as their pytree: None at every static (non-array) leaf,
+    so that only the array operands count as batched."""
+    return _unflatten(dims, [x if x is _MISSING else None for x in static], treedef)
+
+
+_vprim_rules = {p: batching.fancy_primitive_batchers[p]
+                for p in (tangent_p, cotangent_p, hessian_p, primal_tangent_p)}
+# Which operand of each primitive is linear (tangent, cotangent, direction).
+_LINEAR = {tangent_p: 3, cotangent_p: 3, hessian_p: 3, primal_tangent_p: 2}
+
+
+def _vmapped(prim, axis_data, vals, dims, params):
+    """create_vprim's rule (vmap of impl/jvp/transpose), with the linear operand
+    broadcast to the batch first: the transpose of a batched linear map gives a batched
+    cotangent, which vprim can only return for a batched operand (the broadcast's own
+    transpose then sums it, as JAX's semantics require)."""
+    if all(d is None for d in dims):
+        out = prim.bind(*vals, **params)
+        return out, [None] * len(out)
+    if axis_data.size == 1:
+        # A batch of one (jax.hessian of a scalar, jacrev of one output): no vmap of the
+        # integrators (whose batching rule re-traces every nested loop).
+        vals = [v if d is None else jnp.take(v, 0, axis=d) for v, d in zip(vals, dims)]
+        out = prim.bind(*vals, **params)
+        return [o[None] for o in out], [0] * len(out)
+    counter = iter(range(len(vals)))
+    flat_idx = [next(counter) if s is _MISSING else None for s in params["static"]]
+    tree_idx = jax.tree_util.tree_unflatten(params["treedef"], flat_idx)
+    vals, dims = list(vals), list(dims)
+    for i in jax.tree_util.tree_leaves(tree_idx[_LINEAR[prim]]):
+        if dims[i] is None:
+            vals[i] = jnp.broadcast_to(vals[i], (axis_data.size,) + jnp.shape(vals[i]))
+            dims[i] = 0
+    return _vprim_rules[prim](axis_data, tuple(vals), tuple(dims), **params)
+
+
+def _fold_directions(x, dims, b: int, ndir):
+    """A batch (size b, axes `dims`) of an operand with `ndir` directions (None: one)
+    as b·ndir directions of one run: (folded operand, new ndir)."""
+    def to_front(v, d):
+        return jnp.broadcast_to(v, (b,) + jnp.shape(v)) if d is None else jnp.moveaxis(v, d, 0)
+
+    x = jax.tree_util.tree_map(to_front, x, dims)
+    if ndir is None:
+        return x, b
+    return jax.tree_util.tree_map(lambda v: v.reshape((b * ndir,) + v.shape[2:]), x), b * ndir
+
+
+def _unfold_directions(out, b: int, ndir):
+    """The inverse of `_fold_directions` on a run's outputs (batch axis 0)."""
+    if ndir is None:
+        return out
+    return jax.tree_util.tree_map(lambda v: v.reshape((b, ndir) + v.shape[1:]), out)
+
+
+def _tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
+    """A batch of tangents alone (`jacfwd`, `vmap` of `jvp` over tangents) becomes the
+    directions of one sensitivity integration; anything else is vmapped (create_vprim)."""
+    if all(d is None for d in dims):
+        out = tangent_p.bind(*vals, treedef=treedef, static=static, flatten=flatten)
+        return out, [None] * len(out)
+    inputs_all = _unflatten(vals, static, treedef)
+    dims_all = _dims_tree(dims, static, treedef)
+    config_d, inputs_d, rec_d, t_d, _ = dims_all
+    others = jax.tree_util.tree_leaves((config_d, inputs_d, rec_d))
+    if any(d is not None for d in others):
+        return _vmapped(tangent_p, axis_data, vals, dims,
+                        dict(treedef=treedef, static=static, flatten=flatten))
+    config, inputs, rec, t, ndir = inputs_all
+    b = axis_data.size
+    t, new_ndir = _fold_directions(t, t_d, b, ndir)
+    out = eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, new_ndir)
+    out = _unfold_directions(out, b, ndir)
+    out_dims = jax.tree_util.tree_map(lambda _: 0, out)
+    return flatten(out, out_dims)
+
+
+def _primal_tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
+    """A batch of tangents alone (`jacfwd`) becomes the directions of the one run (the
+    primal stays unbatched); anything else is vmapped."""
+    params = dict(treedef=treedef, static=static, flatten=flatten)
+    if all(d is None for d in dims):
+        out = primal_tangent_p.bind(*vals, **params)
+        return out, [None] * len(out)
+    config, inputs, t, ndir = _unflatten(vals, static, treedef)
+    dims_all = _dims_tree(dims, static, treedef)
+    if any(d is not None for d in jax.tree_util.tree_leaves(dims_all[:2])):
+        # Batched primals: vmap the unfused form. (A vmapped fused run could not be
+        # split again if JAX linearizes it later — `grad` of a vmapped, jitted solve
+        # partially evaluates the vmapped jvp.)
+        out = jax.vmap(lambda c, i, t_: _unfused(c, i, t_, ndir), in_axes=dims_all[:3],
+                       axis_size=axis_data.size)(config, inputs, t)
+        return flatten(out, jax.tree_util.tree_map(lambda _: 0, out))
+    b = axis_data.size
+    t, new_ndir = _fold_directions(t, dims_all[2], b, ndir)
+    core, dots = eqxi.filter_primitive_bind(primal_tangent_p, config, inputs, t, new_ndir)
+    dots = _unfold_directions(dots, b, ndir)
+    out_dims = (jax.tree_util.tree_map(lambda _: None, core),
+                jax.tree_util.tree_map(lambda _: 0, dots))
+    return flatten((core, dots), out_dims)
+
+
+def _fold_batch(prim, linear: int):
+    """A batch of the linear operand alone (`jacrev`: many cotangents; `jacfwd` over a
+    Hessian-vector product: many directions) becomes `ndir` directions of one native
+    integration (operand index `linear`, `ndir` the last operand); anything else is
+    vmapped."""
+    def rule(axis_data, vals, dims, *, treedef, static, flatten):
+        if all(d is None for d in dims):
+            out = prim.bind(*vals, treedef=treedef, static=static, flatten=flatten)
+            return out, [None] * len(out)
+        inputs_all = _unflatten(vals, static, treedef)
+        dims_all = _dims_tree(dims, static, treedef)
+        others = jax.tree_util.tree_leaves(dims_all[:linear] + dims_all[linear + 1:-1])
+        if any(d is not None for d in others):
+            return _vmapped(prim, axis_data, vals, dims,
+                            dict(treedef=treedef, static=static, flatten=flatten))
+        b = axis_data.size
+        ndir = inputs_all[-1]
+        lin, new_ndir = _fold_directions(inputs_all[linear], dims_all[linear], b, ndir)
+        args = inputs_all[:linear] + (lin,) + inputs_all[linear + 1:-1] + (new_ndir,)
+        out = _unfold_directions(eqxi.filter_primitive_bind(prim, *args), b, ndir)
+        return flatten(out, jax.tree_util.tree_map(lambda _: 0, out))
+    return rule
+
+
+def _fallback_batch(prim):
+    def rule(axis_data, vals, dims, *, treedef, static, flatten):
+        return _vmapped(prim, axis_data, vals, dims,
+                        dict(treedef=treedef, static=static, flatten=flatten))
+    return rule
+
+
+batching.fancy_primitive_batchers[tangent_p] = _tangent_batch
+batching.fancy_primitive_batchers[primal_tangent_p] = _primal_tangent_batch
+batching.fancy_primitive_batchers[cotangent_p] = _fold_batch(cotangent_p, 3)
+batching.fancy_primitive_batchers[hessian_p] = _fallback_batch(hessian_p)
