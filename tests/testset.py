@@ -940,3 +940,189 @@ twobit = Problem(
     rtol=1e-4, atol=1e-4, h0=lambda rtol: 4.0 * rtol, output=(223, 304, 322))
 
 PROBLEMS = {pr.name: pr for pr in (transistor, transistor_semi_explicit, nand, akzo, twobit)}
+
+
+# ------------------------------------------------------------ index 2: definitions only
+# The solver integrates index ≤ 1; these are here with their reference solutions for
+# when it does not. Not used by the tests' solves.
+
+# Water tube system: index-2 DAE, n = 49, t ∈ [0, 17·3600] s: the flows φ (18 tubes),
+# friction factors λ (18) and pressures p (13 nodes) of a water network with two
+# buffers (nodes 5 and 8), turbulent or laminar flow in each tube.
+TUBE_P = dict(nu=1.31e-6, g=9.8, rho=1.0e3, rcrit=2.3e3, length=1.0e3, k=2.0e-4, d=1.0,
+              b=2.0e2)
+# (from, to) nodes of the 18 tubes, in the order of y1..y18 (flows) and y19..y36 (λ)
+TUBE_EDGES = ((1, 2), (2, 3), (2, 6), (3, 4), (3, 5), (4, 5), (5, 10), (6, 5), (7, 4),
+              (7, 8), (8, 5), (8, 10), (9, 8), (11, 9), (11, 12), (12, 7), (12, 8),
+              (13, 11))
+# the nodes of the pressures y37..y49: the buffers 5 and 8 first
+TUBE_NODES = (5, 8, 1, 2, 3, 4, 6, 7, 9, 10, 11, 12, 13)
+
+# The Test Set's reference y(61200).
+TUBE_YREF = np.array("""
+    0.2298488296477430e-002 0.1188984650746585e-002 0.1109503645730845e-002 0.1589620100314825e-003
+    0.1030022640715102e-002 0.8710606306836165e-003 0.3243571480903489e-002 0.1109503645730845e-002
+    0.7120986206521341e-003 0.6414613963833099e-003 0.9416978549524347e-003 0.3403428519096511e-002
+    0.2397639310739395e-002 0.2397639310739395e-002 0.3348581430454180e-002 0.1353560017035444e-002
+    0.1995021413418736e-002 0.5746220741193575e-002 0.4751940452918529e-001 0.4751940452918529e-001
+    0.4751940452918529e-001 0.4751940452918529e-001 0.4751940452918529e-001 0.4751940452918529e-001
+    0.4311196778792902e-001 0.4751940452918529e-001 0.4751940452918529e-001 0.4751940452918529e-001
+    0.4751940452918529e-001 0.4249217433601160e-001 0.4732336439609648e-001 0.4732336439609648e-001
+    0.4270002118868241e-001 0.4751940452918529e-001 0.4751940452918529e-001 0.3651427026675656e-001
+    0.1111268591478108e+006 0.1111270045592387e+006 0.1111271078730254e+006 0.1111269851929858e+006
+    0.1111269255355337e+006 0.1111269322658045e+006 0.1111269221703983e+006 0.1111270121140691e+006
+    0.1111274419515807e+006 0.1111255158881087e+006 0.1111278793439227e+006 0.1111270995171642e+006
+    0.1111298338971779e+006
+""".split(), float)
+
+
+def _tube_f(t, y, p):
+    a = math.pi * p["d"] ** 2 / 4.0
+    mu = p["nu"] * p["rho"]
+    th = t / 3600.0
+    phi, lam = y[:18], y[18:36]
+    pres = jnp.zeros(14, y.dtype).at[np.array(TUBE_NODES)].set(y[36:])   # 1-based nodes
+    src, dst = np.array([e[0] for e in TUBE_EDGES]), np.array([e[1] for e in TUBE_EDGES])
+    ok = jnp.all(lam >= 0.0)
+    rtla = jnp.sqrt(jnp.maximum(lam, 0.0))
+    r = jnp.abs(phi * p["d"] / (p["nu"] * a))
+    turbulent = r > p["rcrit"]
+    r_eff = jnp.where(turbulent, r, p["rcrit"])
+    rough = 1.0 / rtla - 1.74 + 2.0 * jnp.log10(2.0 * p["k"] / p["d"] + 18.7 / (r_eff * rtla))
+    drop = pres[src] - pres[dst]
+    mom = jnp.where(turbulent,
+                    drop - lam * p["rho"] * p["length"] * phi ** 2 / (a ** 2 * p["d"]),
+                    drop - 32.0 * mu * p["length"] * phi / (a * p["d"] ** 2))
+    inflow = (1.0 - jnp.cos(jnp.exp(-th) - 1.0))
+    ext = (jnp.zeros(14, y.dtype).at[1].set(inflow / 200.0).at[13].set(inflow / 80.0)
+           .at[10].add(-th ** 2 * (3.0 * th ** 2 - 92.0 * th + 720.0) / 1e6))
+    net = ext.at[dst].add(phi).at[src].add(-phi)
+    f = jnp.concatenate([mom, rough, net[np.array(TUBE_NODES)]])
+    return jnp.where(ok, f, jnp.nan)
+
+
+def tube_residual(t, y, yp, p):
+    """Water tube system: (v φ' − Δp-terms, −(roughness law), c p5' − net flow 5,
+    c p8' − net flow 8, −net flow at the other nodes), v = ρL/A, c = b/(ρg). NaN for a
+    negative friction factor (the Test Set's evaluation error)."""
+    a = math.pi * p["d"] ** 2 / 4.0
+    v = p["rho"] * p["length"] / a
+    c = p["b"] / (p["rho"] * p["g"])
+    f = _tube_f(t, y, p)
+    return jnp.concatenate([v * yp[:18] - f[:18], -f[18:36], c * yp[36:38] - f[36:38],
+                            -f[38:]])
+
+
+def tube_initial(p):
+    """The Test Set's start: no flow, λ = 0.0475194…, all pressures 109800, y' = 0."""
+    y0 = jnp.concatenate([jnp.zeros(18), jnp.full(18, 0.47519404529185289807e-1),
+                          jnp.full(13, 109800.0)])
+    return y0, jnp.zeros(49)
+
+
+tube = Problem(
+    name="tube", residual=tube_residual, p=TUBE_P, initial=tube_initial, t0=0.0,
+    t1=17.0 * 3600.0, yref=TUBE_YREF, index=2,
+    algebraic=np.array([False] * 18 + [True] * 18 + [False] * 2 + [True] * 11))
+
+
+# Fekete problem: index-2 DAE (stabilized formulation), n = 160, t ∈ [0, 1000]: 20
+# points on the unit sphere moving to the positions of maximal product of mutual
+# distances; y = (positions (60), velocities (60), λ (20), μ (20)). Only the positions
+# are scored.
+FEKETE_P = dict(alpha=0.5)
+
+# The Test Set's reference y(1000) (RADAU5 at 1e-12).
+FEKETE_YREF = np.array("""
+    -0.4070263380333202e+00 0.3463758772791802e+00 0.8451942450030429e+00 0.7752934752521549e-01
+    -0.2628662719972299e+00 0.9617122871829146e+00 0.7100577833343567e+00 0.1212948055586120e+00
+    0.6936177005172217e+00 0.2348267744557627e+00 0.7449277976923311e+00 0.6244509285956391e+00
+    -0.4341114738782885e+00 0.8785430442262876e+00 0.1992720444237660e+00 -0.9515059600312596e+00
+    0.2203508762787005e+00 0.2146669498274008e+00 -0.6385191643609878e+00 -0.4310833259390688e+00
+    0.6375425027722121e+00 -0.1464175087914336e+00 -0.9380871635228862e+00 0.3139337298744690e+00
+    0.5666974065069942e+00 -0.6739221885076542e+00 0.4740073135462156e+00 0.9843259538440293e+00
+    -0.1696995357819996e+00 -0.4800504290609090e-01 0.1464175087914331e+00 0.9380871635228875e+00
+    -0.3139337298744656e+00 -0.7092757549979014e+00 0.5264062637139616e+00 -0.4688542938854929e+00
+    -0.8665731819284478e+00 -0.4813878059756024e+00 -0.1315929352982178e+00 -0.2347897778700538e+00
+    -0.8594340408013130e+00 -0.4541441287957579e+00 0.5530976940074118e+00 -0.7674370265615124e+00
+    -0.3242273140037833e+00 0.7711050969896927e+00 0.6357041816577034e+00 0.3573685519777001e-01
+    0.7103951209379591e+00 0.2403570431280519e+00 -0.6614886725910596e+00 -0.3038208738735660e-01
+    0.4501923293640461e+00 -0.8924145871442046e+00 -0.5772996158107093e+00 -0.1766763414971813e+00
+    -0.7971892020969544e+00 0.2414481766969039e+00 -0.3416456818373135e+00 -0.9082846503446250e+00
+    0.2409619682166627e-15 -0.1139818460497816e-15 0.1627536276556335e-15 0.1745651819597609e-15
+    -0.1914278710633076e-15 -0.6639600671806291e-16 0.1708576733899083e-15 -0.2277602521390053e-15
+    -0.1350782790950654e-15 0.2411941341109454e-15 -0.1438238671800488e-15 0.8087033550666644e-16
+    0.1618239105233347e-15 0.1837556152070701e-16 0.2715177369929503e-15 0.7930078658689191e-16
+    0.7482020588342764e-16 0.2746974939098084e-15 0.8849338913035911e-16 -0.5940734725324115e-16
+    0.4845984056889910e-16 -0.3728835248155620e-16 -0.4600332954062859e-16 -0.1548568884846698e-15
+    0.2507541692375411e-16 -0.1560155223230823e-15 -0.2517946296860555e-15 -0.3739779361502470e-16
+    -0.1381663620885020e-15 -0.2784051540342329e-15 0.6624397102887671e-16 0.4226207488883120e-16
+    0.1571821772296610e-15 -0.4112243677286995e-16 0.1939960344265876e-15 0.2800184977692136e-15
+    -0.9189023375328813e-16 0.1392943179389155e-15 0.9556003995587458e-16 -0.2234188557495892e-15
+    0.1276804778190781e-15 -0.1261196211463950e-15 -0.1887754149742397e-15 -0.2140788698695373e-16
+    -0.2713591291421657e-15 0.1107887633060814e-15 -0.1318443715631340e-15 -0.4521275683078691e-16
+    -0.1277688851278605e-15 0.4850914012115388e-16 -0.1195891666741192e-15 -0.1569641653843750e-15
+    0.1856239009452638e-15 0.9898466095646496e-16 -0.2068030800303723e-15 0.2451470336752085e-15
+    0.9542986459336358e-16 -0.2456074075580993e-15 0.1532475480661800e-15 -0.1229326332276474e-15
+    -0.4750000000000000e+01 -0.4750000000000001e+01 -0.4750000000000000e+01 -0.4750000000000000e+01
+    -0.4750000000000000e+01 -0.4750000000000000e+01 -0.4750000000000000e+01 -0.4750000000000000e+01
+    -0.4750000000000000e+01 -0.4750000000000000e+01 -0.4750000000000001e+01 -0.4750000000000001e+01
+    -0.4750000000000000e+01 -0.4750000000000000e+01 -0.4750000000000000e+01 -0.4750000000000000e+01
+    -0.4749999999999999e+01 -0.4750000000000000e+01 -0.4750000000000000e+01 -0.4750000000000000e+01
+    -0.3537526598492654e-19 0.2338193888161182e-18 -0.3267771993164953e-18 0.2915679914072042e-18
+    0.1965183195887647e-18 -0.6224992924096233e-19 -0.1715878416756298e-18 -0.2704741705248803e-18
+    0.3008700893194513e-18 -0.2703121624910402e-18 0.4243755291982164e-18 0.2862063003949612e-18
+    0.1222125408406218e-19 -0.4958862706817728e-18 -0.7070673036251212e-18 -0.4454983024194383e-18
+    -0.1125384872521777e-18 0.1512898724592511e-18 -0.6163704221424137e-19 0.6255426995473074e-19
+""".split(), float)
+
+
+def _fekete_f(y, p):
+    n = 20
+    pos, vel = y[:3 * n].reshape(n, 3), y[3 * n:6 * n].reshape(n, 3)
+    lam, mu = y[6 * n:7 * n], y[7 * n:]
+    diff = pos[:, None, :] - pos[None, :, :]
+    rn = jnp.sum(diff ** 2, axis=-1) + jnp.eye(n)          # the diagonal is not used
+    force = jnp.sum(jnp.where(jnp.eye(n, dtype=bool)[..., None], 0.0, diff / rn[..., None]),
+                    axis=1)
+    dpos = vel + 2.0 * mu[:, None] * pos
+    dvel = -p["alpha"] * vel + 2.0 * lam[:, None] * pos + force
+    phi = jnp.sum(pos ** 2, axis=1) - 1.0
+    gpq = 2.0 * jnp.sum(pos * vel, axis=1)
+    return jnp.concatenate([dpos.ravel(), dvel.ravel(), phi, gpq])
+
+
+def fekete_residual(t, y, yp, p):
+    """Fekete problem: (y'_1..120 − f, |p_i|² − 1, 2 p_i·q_i)."""
+    f = _fekete_f(y, p)
+    return jnp.concatenate([yp[:120] - f[:120], f[120:]])
+
+
+def fekete_initial(p):
+    """The Test Set's start: the 20 points on four circles of latitude, zero
+    velocities, μ = 0, λ_i = −p_i·(force on i)/2 (so that the velocities' constraint holds
+    to first order), y' = f(y)."""
+    pi = math.pi
+    rings = [(3, lambda i: 2 * pi * i / 3 + pi / 13, 3 * pi / 8),
+             (7, lambda i: 2 * pi * i / 7 + pi / 29, pi / 8),
+             (6, lambda i: 2 * pi * i / 6 + pi / 7, -2 * pi / 15),
+             (4, lambda i: 2 * pi * (i - 1) / 4 + pi / 17, -3 * pi / 10)]
+    pts = []
+    for count, alpha, beta in rings:
+        for i in range(1, count + 1):
+            a = alpha(i)
+            pts.append([math.cos(a) * math.cos(beta), math.sin(a) * math.cos(beta),
+                        math.sin(beta)])
+    y = jnp.concatenate([jnp.asarray(pts).ravel(), jnp.zeros(100)])
+    f = _fekete_f(y, p)
+    lam = -jnp.sum(y[:60].reshape(20, 3) * f[60:120].reshape(20, 3), axis=1) / 2.0
+    y = y.at[120:140].set(lam)
+    return y, _fekete_f(y, p)
+
+
+fekete = Problem(
+    name="fekete", residual=fekete_residual, p=FEKETE_P, initial=fekete_initial, t0=0.0,
+    t1=1000.0, yref=FEKETE_YREF, index=2, scored=np.arange(60),
+    algebraic=np.array([False] * 120 + [True] * 40))
+
+INDEX2_PROBLEMS = {pr.name: pr for pr in (tube, fekete)}
