@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from ._consistency import consistency_solve
+from ._consistency import Split, consistency_solve, split_at
 from ._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, StepRecorder,
                           initial_state, initial_step, integrate, restore_linear_state,
                           segment_capacity)
@@ -127,7 +127,7 @@ class AdjointSolver(AbstractLinearSolver):
     directions (μ_i, λ_i) stacked: the matrix is block diagonal, one factorization."""
 
     inner: AbstractLinearSolver
-    residual: Callable                 # F(t, y, y', args) of the forward problem
+    terms: "_Terms"                    # the forward problem's residual
     n: int = eqx.field(static=True)
     k: int = eqx.field(static=True, default=1)
 
@@ -135,11 +135,18 @@ class AdjointSolver(AbstractLinearSolver):
     def stat_names(self) -> tuple:
         return self.inner.stat_names
 
+    @property
+    def residual(self) -> Callable:
+        return self.terms.F
+
     def setup(self, residual, s, Z, Zs, cj, aargs):
-        buf, _, args, t_r = aargs
+        buf, _, p, t_r = aargs
         t = t_r - s
         y, yp = buf.evaluate(t)
-        return self.inner.setup(self.residual, t, y, yp, cj, args), (t, y, yp, cj, args)
+        # The forward solver is set up with the forward residual and the args it was
+        # configured for (a user Jacobian or preconditioner receives the user's args).
+        inner = self.inner.setup(self.terms.residual, t, y, yp, cj, self.terms.args(p))
+        return inner, (t, y, yp, cj, p)
 
     def solve(self, state, g, *, transpose=False, weights=None, operator=None):
         inner_state, (t, y, yp, cj, args) = state
@@ -182,8 +189,12 @@ class _Terms(eqx.Module):
     unravel: Callable
     npar: int = eqx.field(static=True)
 
+    def args(self, p):
+        """The forward problem's args with the differentiated part p."""
+        return eqx.combine(self.unravel(p), self.static)
+
     def F(self, t, y, yp, p):
-        return self.residual(t, y, yp, eqx.combine(self.unravel(p), self.static))
+        return self.residual(t, y, yp, self.args(p))
 
     def Q(self, t, y, yp, p):
         return self.quadrature(t, y, yp, eqx.combine(self.unravel(p), self.static))
@@ -203,7 +214,7 @@ class _Terms(eqx.Module):
         return jax.vmap(vjp)(w)
 
 
-def adjoint_problem(terms: _Terms, linear_solver, n, k, algebraic, buf, w, p, rtol, atol,
+def adjoint_problem(terms: _Terms, linear_solver, n, k, equations, buf, w, p, rtol, atol,
                     quad_error_control, s_stop, dtype, t_r) -> Problem:
     """(A) for k cotangent directions in Z = (μ_i, λ_i)_i (flattened, 2nk), s = t_r − t, as a
     Problem for the BDF integrator; its quadrature is the parameter gradient
@@ -231,10 +242,10 @@ def adjoint_problem(terms: _Terms, linear_solver, n, k, algebraic, buf, w, p, rt
     npar = terms.npar
     # λ of algebraic equations follows the interpolated forward solution algebraically:
     # left out of the error test (see the module docstring).
-    one = jnp.concatenate([jnp.ones((n,), dtype), jnp.where(algebraic, 0.0, 1.0).astype(dtype)])
+    one = jnp.concatenate([jnp.ones((n,), dtype), jnp.where(equations, 0.0, 1.0).astype(dtype)])
     return Problem(
         residual=residual, quadrature=quadrature if npar else None,
-        linear_solver=AdjointSolver(inner=linear_solver, residual=terms.F, n=n, k=k),
+        linear_solver=AdjointSolver(inner=linear_solver, terms=terms, n=n, k=k),
         args=(buf, w, p, t_r), rtol=rtol, atol=jnp.full((2 * n * k,), atol, dtype),
         error_mask=jnp.tile(one, k), quad_rtol=rtol, quad_atol=jnp.full((npar * k,), atol, dtype),
         quad_error_control=quad_error_control and npar > 0, tstop=s_stop,
@@ -244,35 +255,36 @@ def adjoint_problem(terms: _Terms, linear_solver, n, k, algebraic, buf, w, p, rt
 # ------------------------------------------------------------ observation jumps
 
 
-def _m_solve(terms, solver, algebraic, t, y, yp, p, rhs):
+def _m_solve(terms, solver, split, t, y, yp, p, rhs):
     """ν with M νᵢ = rhsᵢ (k, n), M the transposed consistency matrix."""
     nu, _ = consistency_solve(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
-                              t, y, yp, p, algebraic, rhs, transpose=True)
+                              t, y, yp, p, split, rhs, transpose=True)
     return nu
 
 
-def jump(terms: _Terms, linear_solver, algebraic, t, y, yp, mu, yb, ypb, p):
+def jump(terms: _Terms, linear_solver, split, t, y, yp, mu, yb, ypb, p):
     """The consistent jump at an observation (module docstring), for k directions
-    (rows): returns μ(t⁻) and the parameter terms −F_pᵀνᵢ."""
-    a = algebraic
-    nu = _m_solve(terms, linear_solver, a, t, y, yp, p, jnp.where(a, yb, ypb))
+    (rows): returns μ(t⁻) and the parameter terms −F_pᵀνᵢ. `split` (a
+    `_consistency.Split`) gives the algebraic directions at t: a∘ȳ + d∘ȳp is
+    Πᵀȳ + (I − Π)ᵀȳp."""
+    nu = _m_solve(terms, linear_solver, split, t, y, yp, p, split.alg_t(yb) + split.diff_t(ypb))
     fy_nu, _, fp_nu = terms.f_transpose(t, y, yp, p, nu)
     return mu + yb - fy_nu, -fp_nu
 
 
-def restart_values(terms: _Terms, linear_solver, algebraic, t, mu, w, buf, p):
+def restart_values(terms: _Terms, linear_solver, split, t, mu, w, y, yp, p):
     """Consistent (Z, Z_s) of (A) at t for the weights w after a jump: μ_a = −g_y'a,
     λ from M λ = (a∘g_y + d∘(μ + g_y')), μ_s = g_y − F_yᵀλ, and λ_s from M λ_s = d∘μ_s
     (the s-derivative of the two relations with the coefficients frozen; only the
-    starting predictor uses it, and the BDF corrects the rest). Rows: directions."""
-    a = algebraic
-    y, yp = buf.evaluate(t)
+    starting predictor uses it, and the BDF corrects the rest). Rows: directions.
+    With a general split, a∘v is Πᵀv and d∘v is (I − Π)ᵀv."""
     gy, gyp, _ = terms.source(t, y, yp, w, p)
-    mu = jnp.where(a, -gyp, mu)
-    lam = _m_solve(terms, linear_solver, a, t, y, yp, p, jnp.where(a, gy, mu + gyp))
+    mu = split.diff_t(mu) - split.alg_t(gyp)
+    lam = _m_solve(terms, linear_solver, split, t, y, yp, p,
+                   split.alg_t(gy) + split.diff_t(mu + gyp))
     fy_lam, _, _ = terms.f_transpose(t, y, yp, p, lam)
     mu_s = gy - fy_lam
-    lam_s = _m_solve(terms, linear_solver, a, t, y, yp, p, jnp.where(a, 0.0, mu_s))
+    lam_s = _m_solve(terms, linear_solver, split, t, y, yp, p, split.diff_t(mu_s))
     flat = lambda u, v: jnp.concatenate([u, v], axis=1).reshape(-1)  # noqa: E731
     return flat(mu, lam), flat(mu_s, lam_s)
 
@@ -284,14 +296,18 @@ def _empty_outputs(ts_dtype, n, nq):
     return Outputs.create(jnp.zeros((0,), ts_dtype), n, nq, 0, 0, ts_dtype)
 
 
-def replay_segment(problem_fwd: Problem, ck, c, n_ck, t_next, tstop, yp0, buf0, max_steps):
+def replay_segment(problem_fwd: Problem, ck, c, t_next, yp0, buf0, max_steps):
     """Replay forward segment c from its checkpoint `ck` to t_next, recording every step
     (node values for the interpolant, and the BDF histories). The factorization is
     rebuilt at the checkpoint's stored setup point, so the replay repeats the original
-    steps bit for bit. (The checkpoint is sliced outside any branch or loop: the whole
-    checkpoint buffer is never an operand there, which XLA would copy.)"""
-    last = c + 1 >= n_ck
-    prob = dataclasses.replace(problem_fwd, tstop=jnp.where(last, tstop, t_next))
+    steps bit for bit. It runs under the forward run's own `tstop`: t_next is where a
+    forward step ended, and an exact replay ends there by itself, whereas stopping at
+    t_next would shorten every attempt that overshot it — attempts the forward run made
+    and, after an error-test failure, answered with another step size (the replay of
+    the Test Set's NAND gate at rtol 1e-8 then left the forward steps 79 steps into a
+    segment and overflowed its buffer). (The checkpoint is sliced outside any branch or
+    loop: the whole checkpoint buffer is never an operand there, which XLA would copy.)"""
+    prob = problem_fwd
     st = restore_linear_state(prob, ck)
     # y' at the checkpoint: the BDF interpolant there, or y'0 at the very start.
     _, yp_start = StepRecorder._node(st)
@@ -313,6 +329,7 @@ class _Backward(eqx.Module):
     solver: AbstractLinearSolver
     p: jax.Array                 # the differentiated args, flattened
     algebraic: jax.Array
+    auto_split: bool = eqx.field(static=True)
     ts: jax.Array
     ybar: jax.Array              # (k, n_save, n)
     ypbar: jax.Array
@@ -322,11 +339,16 @@ class _Backward(eqx.Module):
     n: int = eqx.field(static=True)
     k: int = eqx.field(static=True)
 
-    def problem(self, buf, w, t_r, t_stop) -> Problem:
-        """(A) in s = t_r − t, integrated from the restart time t_r down to t_stop."""
-        return adjoint_problem(self.terms, self.solver, self.n, self.k, self.algebraic, buf,
+    def problem(self, buf, w, t_r, t_stop, equations) -> Problem:
+        """(A) in s = t_r − t, integrated from the restart time t_r down to t_stop;
+        `equations`: the algebraic equations (`Split.algebraic_equations`)."""
+        return adjoint_problem(self.terms, self.solver, self.n, self.k, equations, buf,
                                w, self.p, self.rtol, self.atol, self.adjoint.quad_error_control,
                                t_r - t_stop, self.rtol.dtype, t_r)
+
+    def split(self, t, y, yp) -> Split:
+        """The algebraic directions at (t, y, y') (`_consistency.Split`)."""
+        return split_at(self.auto_split, self.terms.F, t, y, yp, self.p, self.algebraic)
 
     def mu(self, adj):
         return adj.phi[0].reshape(self.k, 2 * self.n)[:, :self.n]
@@ -369,7 +391,7 @@ def observe(bw: _Backward, c: dict) -> dict:
     obs, yb, ypb, qb = bw.observed_at(c["obs"], c["t_cur"])
     jumps = jnp.any(yb != 0) | jnp.any(ypb != 0) | jnp.any(qb != 0) | ~c["started"]
     adj_old = c["adj"]
-    old = (adj_old, c["w"], c["pbar"], c["adj_steps"], c["t_r"])
+    old = (adj_old, c["w"], c["pbar"], c["adj_steps"], c["t_r"], c["equations"])
 
     def do_restart():
         t = c["t_cur"]
@@ -377,19 +399,23 @@ def observe(bw: _Backward, c: dict) -> dict:
         banked = jnp.where(c["started"], adj_old.phiq[0].reshape(k, npar), 0.0)
         w = c["w"] + qb
         y, yp = c["buf"].evaluate(t)
-        mu, p_jump = jump(bw.terms, bw.solver, bw.algebraic, t, y, yp, mu, yb, ypb, bw.p)
-        Z, Zs = restart_values(bw.terms, bw.solver, bw.algebraic, t, mu, w, c["buf"], bw.p)
+        split = bw.split(t, y, yp)
+        mu, p_jump = jump(bw.terms, bw.solver, split, t, y, yp, mu, yb, ypb, bw.p)
+        Z, Zs = restart_values(bw.terms, bw.solver, split, t, mu, w, y, yp, bw.p)
         t_next = bw.next_time(c["t_low"], obs)
-        prob = bw.problem(c["buf"], w, t, t_next)        # s = t_r − t restarts at 0
+        equations = split.algebraic_equations
+        prob = bw.problem(c["buf"], w, t, t_next, equations)   # s = t_r − t restarts at 0
         s0 = jnp.zeros((), dtype)
         h0 = initial_step(prob, s0, Z, Zs, prob.quad(s0, Z, Zs), t - t_next)
         fresh = initial_state(prob, s0, Z, Zs, h0)
         steps = c["adj_steps"] + jnp.where(c["started"], adj_old.stats["num_steps"], 0)
-        new = (fresh, w, c["pbar"] + banked + p_jump, steps, t)
+        new = (fresh, w, c["pbar"] + banked + p_jump, steps, t, equations)
         return tree_where(jumps, new, old)
 
-    adj, w, pbar, steps, t_r = jax.lax.cond(eqxi.unvmap_any(jumps), do_restart, lambda: old)
-    return dict(c, obs=obs, adj=adj, w=w, pbar=pbar, adj_steps=steps, t_r=t_r)
+    adj, w, pbar, steps, t_r, equations = jax.lax.cond(eqxi.unvmap_any(jumps), do_restart,
+                                                       lambda: old)
+    return dict(c, obs=obs, adj=adj, w=w, pbar=pbar, adj_steps=steps, t_r=t_r,
+                equations=equations)
 
 
 def rebase(c: dict) -> dict:
@@ -415,15 +441,15 @@ def integrate_segment(bw: _Backward, c: dict, max_steps: int) -> dict:
         c = rebase(observe(bw, c))
         t_next = bw.next_time(c["t_low"], c["obs"])
         t_r = c["t_r"]
-        adj, _, _, _ = integrate(bw.problem(c["buf"], c["w"], t_r, t_next), c["adj"], empty,
-                                 t_r - t_next, max_steps)
+        adj, _, _, _ = integrate(bw.problem(c["buf"], c["w"], t_r, t_next, c["equations"]),
+                                 c["adj"], empty, t_r - t_next, max_steps)
         ok = adj.result == RESULTS.successful
         return dict(c, adj=adj, started=jnp.ones((), bool), t_cur=t_next, ok=c["ok"] & ok)
 
     return jax.lax.while_loop(cond, body, c)
 
 
-def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: dict, i, tstop, yp0,
+def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: dict, i, yp0,
                   max_steps: int):
     """The steps of forward segment i (from checkpoint i): the ones the forward run kept
     if it is its last segment, else replayed; the current buffer if the segment starts
@@ -442,7 +468,7 @@ def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: dict, i, tst
     # One-trip loops, not conds: a cond returning the current buffer would copy it.
     buf, ok = maybe_update(
         replay,
-        lambda: replay_segment(problem_fwd, ck, i, n_ck, t_next, tstop, yp0, buf0, max_steps),
+        lambda: replay_segment(problem_fwd, ck, i, t_next, yp0, buf0, max_steps),
         (c["buf"], jnp.ones((), bool)))
     if rec.segment is not None:
         buf = maybe_update(kept, lambda: rec.segment.buffer(buf0), buf)
@@ -471,7 +497,8 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
                    unravel=unravel, npar=p.shape[0])
     bw = _Backward(
         adjoint=adjoint, terms=terms, solver=config.linear_solver, p=p,
-        algebraic=inputs.algebraic, ts=ts, ybar=yd_bar[:, :, 0], ypbar=yd_bar[:, :, 1],
+        algebraic=inputs.algebraic, auto_split=config.auto_split, ts=ts,
+        ybar=yd_bar[:, :, 0], ypbar=yd_bar[:, :, 1],
         qbar=qbar, n=n, k=k,
         rtol=jnp.asarray(inputs.rtol if adjoint.rtol is None else adjoint.rtol, dtype),
         atol=jnp.asarray(jnp.max(inputs.atol) if adjoint.atol is None else adjoint.atol, dtype))
@@ -480,7 +507,8 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
                                hermite=adjoint.interpolation == "hermite", per_step=False)
     w0 = jnp.zeros((k, qbar.shape[2]), dtype)
     Z0 = jnp.zeros((2 * n * k,), dtype)
-    adj0 = initial_state(bw.problem(buf0, w0, ts[-1], jnp.asarray(-jnp.inf, dtype)),
+    adj0 = initial_state(bw.problem(buf0, w0, ts[-1], jnp.asarray(-jnp.inf, dtype),
+                                    inputs.algebraic),
                          jnp.zeros((), dtype), Z0, Z0, jnp.ones((), dtype))
     max_adj = adjoint.max_steps or config.max_steps
 
@@ -489,7 +517,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
 
     def outer_body(c):
         i = c["c"]
-        buf, ok, t_low = segment_steps(problem_fwd, rec, buf0, c, i, inputs.tstop, yp0,
+        buf, ok, t_low = segment_steps(problem_fwd, rec, buf0, c, i, yp0,
                                        config.max_steps)
         c = integrate_segment(bw, dict(c, buf=buf, ok=c["ok"] & ok, t_low=t_low), max_adj)
         del c["t_low"]
@@ -501,7 +529,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
                   t_cur=ts[-1], obs=jnp.asarray(ts.shape[0] - 1, jnp.int32), adj=adj0, w=w0,
                   pbar=jnp.zeros((k, terms.npar), dtype), buf=buf0,
                   started=jnp.zeros((), bool), ok=jnp.ones((), bool),
-                  adj_steps=jnp.zeros((), jnp.int32), t_r=ts[-1])
+                  adj_steps=jnp.zeros((), jnp.int32), t_r=ts[-1], equations=inputs.algebraic)
     c = jax.lax.while_loop(outer_cond, outer_body, carry0)
 
     out = at_t0(bw, config, inputs, c, unravel, pd, p_events)
@@ -527,14 +555,15 @@ def at_t0(bw: _Backward, config, inputs, c: dict, unravel, pd, p_events):
     pbar = c["pbar"] + jnp.where(c["started"], adj.phiq[0].reshape(k, npar), 0.0)
     _, yb, ypb, qb = bw.observed_at(c["obs"], t0)
     y_t0, yp_t0 = c["buf"].evaluate(t0)
-    mu, p_jump = jump(bw.terms, bw.solver, a, t0, y_t0, yp_t0, mu, yb, ypb, bw.p)
+    split = bw.split(t0, y_t0, yp_t0)
+    mu, p_jump = jump(bw.terms, bw.solver, split, t0, y_t0, yp_t0, mu, yb, ypb, bw.p)
     pbar = pbar + p_jump
     w = c["w"] + qb
-    ybar0, ypbar0, pbar = initial_value_cotangents(config, bw.terms, bw.solver, a, t0, y_t0,
-                                                   yp_t0, mu, pbar, bw.p)
+    ybar0, ypbar0, pbar = initial_value_cotangents(config, bw.terms, bw.solver, split, t0,
+                                                   y_t0, yp_t0, mu, pbar, bw.p)
     # Moving t0 with the given initial values fixed shifts the trajectory; ∫_{t0} q
     # loses q(t0).
-    t0bar = -(jnp.where(a, 0.0, mu) @ yp_t0)
+    t0bar = -(split.diff_t(mu) @ yp_t0)
     if config.quadrature is not None:
         t0bar = t0bar - w @ config.quadrature(t0, y_t0, yp_t0, inputs.args)
     args_bar = jax.vmap(unravel)(pbar) if npar else jax.tree_util.tree_map(
@@ -544,14 +573,14 @@ def at_t0(bw: _Backward, config, inputs, c: dict, unravel, pd, p_events):
     return Tangents(t0=t0bar, y0=ybar0, yp0=ypbar0, args=args_bar)
 
 
-def initial_value_cotangents(config, terms, solver, a, t0, y, yp, mu, pbar, p):
+def initial_value_cotangents(config, terms, solver, split, t0, y, yp, mu, pbar, p):
     """The init semantics (DESIGN §1): what the initialization recomputes gets zero
     cotangent, the rest the consistent one. Rows: directions."""
     if config.init == "y":
         # y0 solves F(t0, y0, y'0, p) = 0 given y'0: δy0 = −F_y⁻¹(F_y' δy'0 + F_p δp).
         z, _ = consistency_solve(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
-                                 t0, y, yp, p, jnp.ones_like(a), mu, transpose=True)
+                                 t0, y, yp, p, jnp.ones_like(split.mask), mu, transpose=True)
         _, fyp_z, fp_z = terms.f_transpose(t0, y, yp, p, z)
         return jnp.zeros_like(mu), -fyp_z, pbar - fp_z
     # The algebraic part of y0 and all of y'0 are determined by the differential part.
-    return jnp.where(a, 0.0, mu), jnp.zeros_like(mu), pbar
+    return split.diff_t(mu), jnp.zeros_like(mu), pbar

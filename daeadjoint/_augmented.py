@@ -75,6 +75,10 @@ class AugmentedSolver(AbstractLinearSolver):
 
     inner: AbstractLinearSolver
     n: int = eqx.field(static=True)
+    # The solver of (G)'s iteration matrix gets (G)'s args (args, ṗ) and sets `inner`
+    # up with F's args, which a user Jacobian or preconditioner expects; the auxiliary
+    # solvers get whatever args their caller's residual takes and pass them on.
+    split_args: bool = eqx.field(static=True, default=True)
 
     @property
     def matrix_free(self) -> bool:
@@ -93,9 +97,14 @@ class AugmentedSolver(AbstractLinearSolver):
         s, sp = y[n:], yp[n:]
 
         def first_half(t_, y_, yp_, args_):
-            return residual(t_, jnp.concatenate([y_, s]), jnp.concatenate([yp_, sp]), args_)[:n]
+            Y, Yp = jnp.concatenate([y_, s]), jnp.concatenate([yp_, sp])
+            return residual(t_, Y, Yp, args_)[:n]
 
-        return self.inner.setup(first_half, t, y[:n], yp[:n], cj, args)
+        if not self.split_args:
+            return self.inner.setup(first_half, t, y[:n], yp[:n], cj, args)
+        args, pdot = args
+        return self.inner.setup(lambda t_, y_, yp_, a: first_half(t_, y_, yp_, (a, pdot)),
+                                t, y[:n], yp[:n], cj, args)
 
     def solve(self, state, rhs, *, transpose=False, weights=None, operator=None):
         n = self.n
@@ -125,4 +134,4 @@ class AugmentedSolver(AbstractLinearSolver):
         return self.inner.is_singular(state)
 
     def auxiliary(self) -> "AugmentedSolver":
-        return AugmentedSolver(self.inner.auxiliary(), self.n)
+        return AugmentedSolver(self.inner.auxiliary(), self.n, split_args=False)

@@ -147,11 +147,14 @@ def _full(inputs: Inputs, t: Tangents | None, lead=()) -> Tangents:
     t = Tangents() if t is None else t
     dyn = eqx.filter(inputs.args, _is_inexact)
     z = lambda x: jnp.zeros(lead + jnp.shape(x), jnp.result_type(x))  # noqa: E731
+    # Absent parts may be a whole field or single leaves of args (a symbolic zero).
+    args = (jax.tree_util.tree_map(z, dyn) if t.args is None else
+            jax.tree_util.tree_map(lambda p, d: z(p) if d is None else d, dyn, t.args))
     return Tangents(
         t0=z(inputs.t0) if t.t0 is None else t.t0,
         y0=z(inputs.y0) if t.y0 is None else t.y0,
         yp0=z(inputs.yp0) if t.yp0 is None else t.yp0,
-        args=jax.tree_util.tree_map(z, dyn) if t.args is None else t.args)
+        args=args)
 
 
 def _nones_like(x):
@@ -519,6 +522,10 @@ def _cotangent_impl(config, inputs, rec, ct, wanted, ndir):
     ctk = ct if ndir is not None else jax.tree_util.tree_map(lambda x: x[None], ct)
     out, result = config.reverse.backward(config, inputs, rec, ctk, wanted)
     out = _flag_failure(config, result, rec.result, out)
+    # Each cotangent in its input's dtype (the backward pass works in the state's: a
+    # float32 parameter of a float64 solve got a float64 cotangent, which XLA refused).
+    like = _restrict(_full(inputs, None), wanted)
+    out = jax.tree_util.tree_map(lambda o, x: o.astype(jnp.result_type(x)), out, like)
     if ndir is None:
         return jax.tree_util.tree_map(lambda x: x[0], out)
     return out

@@ -24,29 +24,139 @@ product, so JAX differentiates these solves (for Hessians) through the matrix–
 product, not through the factorization.
 """
 
+import dataclasses
+from collections.abc import Callable
+
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Bool, Float
 
 from ._initialization import SUCCESS, calc_ic
 from ._linear_solver import masked_residual
+from ._newton import tree_where
+
+
+# Without an `algebraic` mask, up to this many unknowns the algebraic directions are found
+# from F_y' itself (`Split`, below); above it the mask is all False (an ODE in implicit
+# form, or a mask the user must give).
+AUTO_SPLIT_MAX_N = 200
+
+
+class Split(eqx.Module):
+    """Which directions of y a consistency condition treats as algebraic, at a point:
+    a projector Π onto (a superset of) ker F_y'.
+
+    - With an `algebraic` mask (semi-explicit DAEs, whose algebraic components are
+      absent from y'): Π = diag(mask).
+    - Without one (`projector` present): the orthogonal projector onto ker F_y'(t, y, y')
+      from its singular value decomposition (zero when F_y' is nonsingular). This covers
+      fully implicit index-1 DAEs whose singular F_y' mixes components — circuits with
+      capacitors between two nodes, where each algebraic constraint is a sum of rows
+      and no component is absent from y'.
+
+    Every formula with the mask m carries over with m∘v → Πv and (1 − m)∘v → (I − Π)v:
+    the consistency matrix C = F_y Π + F_y'(I − Π) is nonsingular exactly when the DAE
+    is index 1 (if C v = 0, the left null vectors Q of F_y' give QᵀF_y Π v = 0, so
+    Πv = 0 by index 1, and then F_y' v = 0 puts v in ker F_y' = range Π: v = 0); its
+    transpose gives the adjoint's consistent jumps (`_adjoint.py`)."""
+
+    mask: Bool[Array, " n"]
+    projector: Float[Array, "n n"] | None = None
+    # The equations that carry the algebraic constraints: rows i with a nonzero row of
+    # the projector onto ker F_y'ᵀ (the mask itself for semi-explicit DAEs, whose
+    # algebraic equation i goes with component i). The adjoint's multipliers of these
+    # equations are determined by the forward solution, not integrated (`_adjoint.py`).
+    equations: Bool[Array, " n"] | None = None
+
+    @property
+    def algebraic_equations(self):
+        return self.mask if self.equations is None else self.equations
+
+    def alg(self, v):
+        """Π v (over the last axis)."""
+        if self.projector is None:
+            return jnp.where(self.mask, v, 0.0)
+        return v @ self.projector.T
+
+    def diff(self, v):
+        """(I − Π) v."""
+        return v - self.alg(v)
+
+    def alg_t(self, w):
+        """Πᵀ w."""
+        if self.projector is None:
+            return jnp.where(self.mask, w, 0.0)
+        return w @ self.projector
+
+    def diff_t(self, w):
+        """(I − Π)ᵀ w."""
+        return w - self.alg_t(w)
+
+
+def split_at(auto: bool, residual, t, y, yp, args, algebraic) -> Split:
+    """The `Split` at (t, y, y'): the mask, or (`auto`) the projector onto ker F_y'.
+
+    The rank decision: singular values of F_y' below 1000·n·eps of the largest are zero
+    (structural zeros come out at ~eps; a capacitance 10⁻¹¹ times the largest would
+    count as absent). Computed only when the LU of F_y' finds it singular, so ODEs in
+    implicit form pay one small LU. Π is not differentiated: it fixes which unknowns
+    are solved for, like the mask."""
+    if not auto:
+        return Split(mask=algebraic)
+    from ._linear_solver import factor, factored_is_singular
+
+    def compute(t, y, yp, args):
+        E = jax.jacfwd(lambda v: residual(t, y, v, args))(yp)
+        n = E.shape[0]
+        eps = jnp.finfo(E.dtype).eps
+
+        def projectors():
+            u, sigma, vh = jnp.linalg.svd(E)
+            null = jnp.where(sigma <= 1000.0 * n * eps * sigma[0], 1.0, 0.0)
+            right = vh.T @ (null[:, None] * vh)
+            left_diagonal = jnp.sum(u * u * null[None, :], axis=1)   # diag of U₀U₀ᵀ
+            return right, left_diagonal > jnp.sqrt(eps)
+
+        singular = factored_is_singular(factor(E)) | ~jnp.all(jnp.isfinite(E))
+        none = (jnp.zeros_like(E), jnp.zeros((n,), bool))
+        # unvmap_any: under vmap a batched predicate would run the SVD for every member
+        # of every batch; this way a batch of ODEs never does.
+        return jax.lax.cond(eqxi.unvmap_any(singular),
+                            lambda: tree_where(singular, projectors(), none), lambda: none)
+
+    pi, equations = jax.lax.stop_gradient(compute(t, y, yp, args))
+    return Split(mask=jnp.zeros_like(algebraic), projector=pi, equations=equations)
+
+
+def unknown_split(mode, split: Split) -> Split:
+    """The initialization's unknowns: all of y0 for `init="y"`, else the split's
+    algebraic directions of y0 and the rest of y'0. `init=None` uses the `"ya_ydp"`
+    split for its derivatives (y'0 and the algebraic y0 are determined by the
+    differential y0)."""
+    if mode == "y":
+        return Split(mask=jnp.ones_like(split.mask))
+    return split
 
 
 def unknown_mask(mode, algebraic):
-    """m: True where the initialization's unknown is y0_i (else y'0_i). `init=None`
-    uses the `"ya_ydp"` split for its derivatives (y'0 and the algebraic y0 are
-    determined by the differential y0)."""
+    """The componentwise form of `unknown_split` (for messages naming a component)."""
     if mode == "y":
         return jnp.ones_like(algebraic)
     return algebraic
 
 
-def consistency_solve(linear_solver, residual, t, y, yp, args, mask, rhs, transpose=False):
+def consistency_solve(linear_solver, residual, t, y, yp, args, split, rhs, transpose=False):
     """x with C x = rhs (or Cᵀ x = rhs) for each row of rhs (k, n), C the consistency
-    matrix at (t, y, y'). Returns (x, singular). Differentiable in every argument."""
-    m = mask.astype(y.dtype)
-    fn = masked_residual(residual, y, yp, mask)
+    matrix of `split` (a `Split`, or a bool mask) at (t, y, y'). Returns (x, singular).
+    Differentiable in every argument. A dense projector (no mask) makes C dense: it is
+    factored by `DenseLU` (n ≤ AUTO_SPLIT_MAX_N) whatever the configured solver."""
+    from ._linear_solver import DenseLU
+    if not isinstance(split, Split):
+        split = Split(mask=split)
+    fn = masked_residual(residual, y, yp, split)
     zero = jnp.zeros_like(y)
 
     def matvec(v):
@@ -55,7 +165,7 @@ def consistency_solve(linear_solver, residual, t, y, yp, args, mask, rhs, transp
     def vecmat(w):
         return jax.vjp(lambda v_: fn(t, v_, None, args), zero)[1](w)[0]
 
-    aux = linear_solver.auxiliary()
+    aux = linear_solver.auxiliary() if split.projector is None else DenseLU()
     state = jax.lax.stop_gradient(aux.setup(fn, t, zero, zero, jnp.zeros((), y.dtype), args))
     op = matvec if aux.needs_operator else None
 
@@ -69,7 +179,6 @@ def consistency_solve(linear_solver, residual, t, y, yp, args, mask, rhs, transp
         one = lambda b: jax.lax.custom_linear_solve(vecmat, b, solve_t, solve)  # noqa: E731
     else:
         one = lambda b: jax.lax.custom_linear_solve(matvec, b, solve, solve_t)  # noqa: E731
-    del m
     return jax.vmap(one)(rhs), aux.is_singular(state)
 
 
@@ -85,12 +194,23 @@ def consistent_values(config, inputs):
     if config.init is None:
         zero = jnp.zeros((), jnp.int32)
         return inputs.y0, inputs.yp0, jnp.ones((), bool), (zero, zero - 1)
+    y0, yp0, algebraic, atol = inputs.y0, inputs.yp0, inputs.algebraic, inputs.atol
+    # No mask: initialize in the coordinates z = Vᵀy of F_y''s right singular vectors at
+    # the guess (V = I when F_y' is nonsingular), where the null-space coordinates are
+    # absent from z' — semi-explicit, with the mask `null`. The given part of y0 is then
+    # (I − Π)y0 with Π = V₀V₀ᵀ, as in every other use of the split (`Split`).
+    rotate = config.auto_split and config.init == "ya_ydp" and inputs.constraints is None
+    if rotate:
+        V, algebraic = _null_space_basis(config.residual, inputs.t0, y0, yp0, inputs.args)
+        config = dataclasses.replace(config, residual=_Rotated(config.residual, V))
+        y0, yp0 = y0 @ V, yp0 @ V
+        atol = jnp.full_like(atol, jnp.min(atol))   # per-component weights do not rotate
     dyn, static = eqx.partition(inputs.args, eqx.is_inexact_array)
     config_dyn, config_static = eqx.partition(config, eqx.is_array)
     static_arrays, static = eqx.partition(static, eqx.is_array)   # e.g. int arrays in args
     # IDACalcIC measures the y' unknowns on the time scale of the first output time.
     t_out = jnp.min(jnp.where(inputs.saveat > inputs.t0, inputs.saveat, inputs.t1))
-    fixed = (inputs.algebraic, inputs.rtol, inputs.atol, t_out, config_dyn, static_arrays,
+    fixed = (algebraic, inputs.rtol, atol, t_out, config_dyn, static_arrays,
              inputs.constraints)
 
     # Every array is an explicit argument (a closed-over tracer would leak); `fixed`
@@ -124,7 +244,37 @@ def consistent_values(config, inputs):
         info_dot = tuple(_float0_like(w) for w in worst)
         return (y, yp, ok, worst), (y_dot, yp_dot, _float0_like(ok), info_dot)
 
-    return solve_init(inputs.t0, inputs.y0, inputs.yp0, dyn, fixed)
+    y, yp, ok, (reason, worst) = solve_init(inputs.t0, y0, yp0, dyn, fixed)
+    if rotate:   # back to y; a failure names no component of z
+        return V @ y, V @ yp, ok, (reason, jnp.full_like(worst, -1))
+    return y, yp, ok, (reason, worst)
+
+
+class _Rotated(eqx.Module):
+    """F(t, V z, V z', args): the residual in the coordinates z = Vᵀy (V orthogonal)."""
+
+    residual: Callable
+    V: Float[Array, "n n"]
+
+    def __call__(self, t, z, zp, args):
+        return self.residual(t, self.V @ z, self.V @ zp, args)
+
+
+def _null_space_basis(residual, t, y, yp, args):
+    """(V, null): the right singular vectors of F_y'(t, y, y') as columns and which of
+    them span its null space (the rank decision of `split_at`); V = I, no null space,
+    when F_y' is nonsingular. Not differentiated."""
+    from ._linear_solver import factor, factored_is_singular
+    E = jax.lax.stop_gradient(jax.jacfwd(lambda v: residual(t, y, v, args))(yp))
+    n = E.shape[0]
+
+    def basis():
+        _, sigma, vh = jnp.linalg.svd(E)
+        return vh.T, sigma <= 1000.0 * n * jnp.finfo(E.dtype).eps * sigma[0]
+
+    singular = factored_is_singular(factor(E)) | ~jnp.all(jnp.isfinite(E))
+    return jax.lax.cond(singular, basis, lambda: (jnp.eye(n, dtype=E.dtype),
+                                                   jnp.zeros((n,), bool)))
 
 
 def initial_sensitivities(config, inputs, y0, yp0, tangents, k: int):
@@ -138,12 +288,13 @@ def initial_sensitivities(config, inputs, y0, yp0, tangents, k: int):
             "daeadjoint: derivatives with respect to t0 are not available with init='y' "
             "(they need y''(t0) of the quasi-steady start); give y0 consistent and use "
             "init=None, or do not differentiate t0.")
-    mask = unknown_mask(config.init, inputs.algebraic)
-    m = mask.astype(dtype)
     dyn, static = eqx.partition(inputs.args, eqx.is_inexact_array)
 
     def F(y, yp, d):
         return config.residual(t0, y, yp, eqx.combine(d, static))
+
+    split = unknown_split(config.init, split_at(config.auto_split, lambda t, y, yp, d: F(y, yp, d),
+                                                t0, y0, yp0, dyn, inputs.algebraic))
 
     def zeros(shape):
         return jnp.zeros((k,) + shape, dtype)
@@ -154,14 +305,14 @@ def initial_sensitivities(config, inputs, y0, yp0, tangents, k: int):
     dd = (jax.tree_util.tree_map(lambda x: jnp.zeros((k,) + x.shape, x.dtype), dyn)
           if tangents.args is None else tangents.args)
     # The given components stay put while t0 moves: s_given = δy0 − y'(t0) δt0.
-    s_known = (1 - m) * (y0d - yp0[None] * t0d[:, None])
-    sp_known = m * yp0d
+    s_known = split.diff(y0d - yp0[None] * t0d[:, None])
+    sp_known = split.alg(yp0d)
     _, f_lin = jax.linearize(F, y0, yp0, dyn)
     r0 = jax.vmap(f_lin)(s_known, sp_known, dd)
     u, singular = consistency_solve(config.linear_solver, lambda t, y, yp, a: F(y, yp, a),
-                                    t0, y0, yp0, dyn, mask, -r0)
-    s0 = s_known + m * u
-    sp0 = (1 - m) * u + sp_known
+                                    t0, y0, yp0, dyn, split, -r0)
+    s0 = s_known + split.alg(u)
+    sp0 = split.diff(u) + sp_known
     if config.quadrature is None:
         return s0, sp0, zeros((0,)), zeros((0,)), singular
 

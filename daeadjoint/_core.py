@@ -14,12 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from ._bdf import error_weights, update_row, wrms
-from ._consistency import consistency_solve, consistent_values, initial_sensitivities
+from ._consistency import (consistency_solve, consistent_values, initial_sensitivities,
+                           split_at)
 from ._events import Event, EventState, event_tangents
 from ._forward_sensitivity import (ForwardSensitivity, SensitivityProblem, direction_scale,
                                    sensitivity_atol)
@@ -27,6 +29,7 @@ from ._initialization import violated
 from ._integrator import (CheckpointRecorder, DenseRecorder, Outputs, Problem, SegmentRecorder,
                           initial_state, initial_step, integrate, write_outputs)
 from ._linear_solver import AbstractLinearSolver
+from ._newton import depends_on_yp
 from ._results import RESULTS
 
 
@@ -49,6 +52,11 @@ class Config(eqx.Module):
     event: Event | None = None
     progress: int = eqx.field(static=True, default=0)   # report every this many steps
     dense: int = eqx.field(static=True, default=0)      # 1: step values, 2: + interpolant
+    # No `algebraic` mask given (and n small enough): the algebraic directions come
+    # from F_y' at each point where they are needed (`_consistency.Split`).
+    auto_split: bool = eqx.field(static=True, default=False)
+    # An `algebraic` mask was given: check it (`mask_violation`, `newton_solve`).
+    check_algebraic: bool = eqx.field(static=True, default=False)
 
 
 class Inputs(eqx.Module):
@@ -143,19 +151,48 @@ def build_problem(config: Config, inputs: Inputs, sens=None, linear_solver=None)
         quad_atol=inputs.quad_atol, quad_error_control=config.quad_error_control,
         tstop=inputs.tstop, sens=sens, constraints=inputs.constraints,
         max_step=inputs.max_step, min_step=inputs.min_step, max_order=config.max_order,
-        event=config.event)
+        event=config.event, algebraic_probe=algebraic_probe(config, inputs))
+
+
+def _probe_weights(n: int, dtype):
+    """Distinct weights in [1, 2) (golden-ratio fractions): F_y' (a∘r) = Σ_{i algebraic}
+    r_i F_y' e_i is zero only if every algebraic column is, barring an exact
+    cancellation between columns with these weights."""
+    return 1.0 + jnp.mod(jnp.arange(n, dtype=dtype) * 0.6180339887498949, 1.0)
+
+
+def algebraic_probe(config: Config, inputs: Inputs):
+    """a∘r for the checks of the algebraic mask, or None when no mask was given."""
+    if not config.check_algebraic:
+        return None
+    y0 = inputs.y0
+    return jnp.where(inputs.algebraic, _probe_weights(y0.shape[0], y0.dtype), 0.0)
+
+
+def mask_violation(config: Config, inputs: Inputs):
+    """Whether F depends on y'_i at (t0, y0, y'0) — the given values, before any
+    initialization (which a wrong mask would make solve a different problem) — for some
+    i marked algebraic: one `jax.jvp` with a∘r. (`solve` names the component when it
+    raises.)"""
+    probe = algebraic_probe(config, inputs)
+    if probe is None:
+        return jnp.zeros((), bool)
+    return depends_on_yp(config.residual, inputs.t0, inputs.y0, inputs.yp0, inputs.args,
+                         probe)
 
 
 def _with_progress(problem: Problem, config: Config) -> Problem:
     return dataclasses.replace(problem, progress=config.progress)
 
 
-def _start_status(config: Config, inputs: Inputs, y0, yp0, init_ok, worst) -> RESULTS:
-    """Status before the first step: run-time input checks, then initialization, then
-    the residual at t0 (a NaN there is a domain error of the initial values, not a
-    singular matrix), then — without `init` — whether (y0, y'0) is consistent."""
+def _start_status(config: Config, inputs: Inputs, y0, yp0, init_ok, mask_bad) -> RESULTS:
+    """Status before the first step: run-time input checks, then the algebraic mask
+    (`mask_violation`), then initialization, then the residual at t0 (a NaN there is a
+    domain error of the initial values, not a singular matrix), then — without `init` —
+    whether (y0, y'0) is consistent."""
     W = RESULTS.where
     result = input_status(inputs)
+    result = W((result == RESULTS.successful) & mask_bad, RESULTS.wrong_algebraic_mask, result)
     result = W((result == RESULTS.successful) & ~init_ok, RESULTS.initialization_failed, result)
     f0 = config.residual(inputs.t0, y0, yp0, inputs.args)
     result = W((result == RESULTS.successful) & ~jnp.all(jnp.isfinite(f0)),
@@ -173,21 +210,37 @@ def inconsistent_start(config: Config, inputs: Inputs, y0, yp0) -> Bool[Array, "
     if config.init is not None:
         return jnp.zeros((), bool)
     f0 = config.residual(inputs.t0, y0, yp0, inputs.args)
+    split = split_at(config.auto_split, config.residual, inputs.t0, y0, yp0, inputs.args,
+                     inputs.algebraic)
     u, _ = consistency_solve(config.linear_solver, config.residual, inputs.t0, y0, yp0,
-                             inputs.args, inputs.algebraic, f0[None])
+                             inputs.args, split, f0[None])
     ewt = error_weights(y0, inputs.rtol, jnp.broadcast_to(inputs.atol, y0.shape))
-    return wrms(jnp.where(inputs.algebraic, u[0], 0.0), ewt) > 1.0
+    return wrms(split.alg(u[0]), ewt) > 1.0
+
+
+# A step size underflow (t + h == t) within this fraction of |t| from t0 is blamed on the
+# time origin (`RESULTS.time_not_resolved`): moving it to t0 would resolve the time
+# 1/TIME_ORIGIN_FRACTION times more finely.
+TIME_ORIGIN_FRACTION = 1e-3
 
 
 def _explain_failure(config, inputs, y0, yp0, state) -> RESULTS:
     """A failure before the first accepted step with inconsistent initial values is
-    reported as such (with the hint to use `init=`)."""
+    reported as such (with the hint to use `init=`); a step size that underflowed
+    close to a large t0 as the time origin's fault (`RESULTS.time_not_resolved`)."""
     result = state.result
     first = (state.stats["num_steps"] == 0) & (result != RESULTS.successful)
-    inconsistent = jax.lax.cond(first, lambda: inconsistent_start(config, inputs, y0, yp0),
+    # unvmap_any: a batched predicate would turn the cond into a select that runs the
+    # diagnosis (a dense factorization for auto-split problems) for every member of
+    # every batch; under a sharded batch that select also deadlocked XLA's CPU runtime.
+    inconsistent = jax.lax.cond(eqxi.unvmap_any(first),
+                                lambda: first & inconsistent_start(config, inputs, y0, yp0),
                                 lambda: jnp.zeros((), bool))
-    return RESULTS.where(first & inconsistent & ~_is_start_failure(result),
-                         RESULTS.inconsistent_initial_conditions, result)
+    result = RESULTS.where(first & inconsistent & ~_is_start_failure(result),
+                           RESULTS.inconsistent_initial_conditions, result)
+    near_origin = state.t - inputs.t0 < TIME_ORIGIN_FRACTION * jnp.abs(state.t)
+    return RESULTS.where((result == RESULTS.step_size_too_small) & near_origin,
+                         RESULTS.time_not_resolved, result)
 
 
 def _is_start_failure(result):
@@ -196,7 +249,7 @@ def _is_start_failure(result):
     for r in (RESULTS.initialization_failed, RESULTS.nonfinite_initial_residual,
               RESULTS.nonfinite_input, RESULTS.invalid_interval, RESULTS.invalid_saveat,
               RESULTS.invalid_tolerance, RESULTS.invalid_tstop,
-              RESULTS.initial_values_violate_constraints):
+              RESULTS.initial_values_violate_constraints, RESULTS.wrong_algebraic_mask):
         bad = bad | (result == r)
     return bad
 
@@ -223,7 +276,8 @@ def run(config: Config, inputs: Inputs, record: bool = False,
     y0, yp0, init_ok, worst = consistent_values(config, inputs)
     n, dtype = y0.shape[0], y0.dtype
     t0, t1, saveat = inputs.t0, inputs.t1, inputs.saveat
-    result0 = _start_status(config, inputs, y0, yp0, init_ok, worst)
+    mask_bad = mask_violation(config, inputs)
+    result0 = _start_status(config, inputs, y0, yp0, init_ok, mask_bad)
     sens = s0 = sp0 = qsp0 = None
     if tangents is not None:
         s0, sp0, qs0, qsp0, sing = initial_sensitivities(config, inputs, y0, yp0, tangents, k)

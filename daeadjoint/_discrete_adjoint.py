@@ -32,7 +32,9 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from ._bdf import NPHI, complete_history, derivative_weights, predict, scale_history, set_coefficients
+from ._consistency import split_at
 from ._integrator import CheckpointRecorder, StepLog
+from ._linear_solver import SetupWithArgs
 from ._events import observations
 from ._results import RESULTS, succeeded
 
@@ -141,9 +143,14 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
     # else non-array is closed over (custom_jvp functions may close over no tracers).
     pst_arrays, pst_static = eqx.partition(pst, eqx.is_array)
 
-    def F(t, y, yp, args):
+    def full_args(args):
         p, st = args
-        return config.residual(t, y, yp, eqx.combine(unravel(p), st, pst_static))
+        return eqx.combine(unravel(p), st, pst_static)
+
+    def F(t, y, yp, args):
+        return config.residual(t, y, yp, full_args(args))
+
+    solver = SetupWithArgs(solver, config.residual, full_args)
 
     def Q(t, y, yp, p):
         if config.quadrature is None:
@@ -248,13 +255,14 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
     p_bar = p_bar + pb0
     # The init semantics of DESIGN.md §1: what the initialization recomputes (or, with
     # init=None, what consistency determines) gets zero cotangent.
+    split = split_at(config.auto_split, config.residual, t0, y0c, yp0c, inputs.args, a)
     if config.init == "y":
         ybar0 = jnp.zeros_like(ybar0)
     else:
-        ybar0 = jnp.where(a, 0.0, ybar0)
+        ybar0 = split.diff_t(ybar0)
         ypbar0 = jnp.zeros_like(ypbar0)
     # The start time as for the continuous adjoint.
-    t0bar = -(jnp.where(a, 0.0, ybar0) @ yp0c)
+    t0bar = -(split.diff_t(ybar0) @ yp0c)
     if config.quadrature is not None:
         t0bar = t0bar - jnp.sum(qbar, axis=1) @ config.quadrature(t0, y0c, yp0c, inputs.args)
     args_bar = jax.vmap(unravel)(p_bar)

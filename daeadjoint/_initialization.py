@@ -37,6 +37,10 @@ D_i = |tout − t0|. Converged when ‖δ‖_WRMS ≤ epiccon = 0.01·0.33.
   (line-search, constraint or convergence failure) mode "ya_ydp" restarts from the
   guess with h/10 (which only reweights the y' unknowns, see above), up to `maxnh`
   values of h;
+- converged also when the Newton correction is within `ROUNDOFF_ULPS`·eps of the
+  unknowns (a departure from IDAS: its test, in the weights of the guess, can ask for
+  less than the spacing of the converged value's floating-point numbers at tight
+  tolerances, e.g. atol 1e-14 with a guess 0 for an O(1) component);
 - after convergence the weights are recomputed at the new y and the whole iteration is
   run once more from there (IDAS's `nwt` loop), so the test holds in the final weights.
 
@@ -73,6 +77,7 @@ from ._linear_solver import AbstractLinearSolver, DenseLU, setup_masked
 ICRATEMAX = 0.9       # IDAS: the largest Newton rate still called slow convergence
 ALPHALS = 1e-4        # IDAS: α of the line search's sufficient-decrease condition
 CONSTRAINT_MARGIN = 0.99   # IDAS: fraction of the distance to a bound a step may take
+ROUNDOFF_ULPS = 4          # a Newton correction this many eps·|u| or less has converged
 
 
 class CalcICOptions(eqx.Module):
@@ -276,6 +281,19 @@ def calc_ic(residual, t0, y0, yp0, args, algebraic, mode, rtol, atol,
         return (out["status"] == _CONVERGED, constr_fail, limited, blocking, out["y"],
                 out["yp"], out["x"], out["fnorm"], out["nbacks"], out["stats"])
 
+    uround = jnp.finfo(dtype).eps
+
+    def converged_at(fnorm, x, y, yp):
+        """IDAS's test ‖δ‖ ≤ epiccon, or a Newton correction x below the resolution of
+        the unknowns (|x_i| ≤ ROUNDOFF_ULPS·eps·|u_i|): no iteration can improve on
+        that, and with weights from a guess far smaller than the solution (a guess
+        z = 0 gives W_z = 1/atol) IDAS's test alone can ask for less than one spacing
+        of the converged value's floating-point numbers (atol 1e-14: |δz| ≤ 5e-17 at
+        z ≈ 0.75, where the spacing is 1.1e-16), and the line search then fails at the
+        rounding floor."""
+        u = jnp.where(m, y, yp)
+        return (fnorm <= eps) | jnp.all(jnp.abs(x) <= ROUNDOFF_ULPS * uround * jnp.abs(u))
+
     def newton_pass(y, yp, wx):
         """IDANewtonIC after one setup at (y, y'). Returns the outcome, the failure
         reason, the worst component, the point reached and the counters."""
@@ -283,7 +301,8 @@ def calc_ic(residual, t0, y0, yp0, args, algebraic, mode, rtol, atol,
         singular = aux.is_singular(lin)
         x, fnorm, st = newton_vector(lin, y, yp, wx)
         start = jnp.where(singular, _FAILED,
-                          jnp.where(fnorm <= eps, _CONVERGED, _RUNNING)).astype(int_)
+                          jnp.where(converged_at(fnorm, x, y, yp), _CONVERGED,
+                                    _RUNNING)).astype(int_)
 
         def cond(c):
             return c["status"] == _RUNNING
@@ -294,7 +313,7 @@ def calc_ic(residual, t0, y0, yp0, args, algebraic, mode, rtol, atol,
             stale = c["it"] > 0
             rate = fnorm_n / c["fnorm"]
             it = c["it"] + 1
-            converged = ok & (fnorm_n <= eps)
+            converged = ok & converged_at(fnorm_n, x_n, y_n, yp_n)
             # With a stale C, a failed line search or a step that barely reduced the
             # merit (rate > 0.9) is not taken: C is refreshed at the last iterate
             # (departures from IDAS, module docstring).

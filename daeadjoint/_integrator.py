@@ -84,6 +84,9 @@ class Problem(eqx.Module):
     min_step: Array | float = 0.0
     max_order: int = eqx.field(static=True, default=MAXORD)
     event: Event | None = None
+    # a∘r (algebraic mask times distinct weights): checked at each Jacobian setup to be
+    # in the null space of F_y' (`newton_solve`), or None (no algebraic mask given).
+    algebraic_probe: Array | None = None
     # Report progress every this many accepted steps (0: off; costs nothing then).
     progress: int = eqx.field(static=True, default=0)
 
@@ -119,6 +122,13 @@ class State(eqx.Module):
     jac_point: tuple             # (t, y, yp) where lin_state was built (hot restarts)
     nef: Int[Array, ""]          # error-test failures in the current step
     ncf: Int[Array, ""]          # convergence failures in the current step
+    # Consecutive accepted steps whose y was projected onto a bound the DAE drives it
+    # across (`constraints`; see attempt_step).
+    npress: Int[Array, ""]
+    # The step size of the last attempt that failed on a NaN/inf residual, until an
+    # accepted step is as large again (0: none): the integration is at the edge of the
+    # residual's domain, which the failures that follow are blamed on.
+    h_nan: Float[Array, ""]
     stats: dict
     result: Any
 
@@ -148,8 +158,36 @@ def initial_step(problem: Problem, t0, y0, yp0, qp0, t_out, s0=None, sp0=None) -
 
 
 def clamp_to_tstop(problem, t, h):
-    uround = jnp.finfo(h.dtype).eps
-    return jnp.where(t + h > problem.tstop, (problem.tstop - t) * (1 - 4 * uround), h)
+    """h, or the step to tstop where t + h would pass it (`step_end` then lands on it)."""
+    return jnp.where(t + h > problem.tstop, problem.tstop - t, h)
+
+
+# The clock's round-off a step may leave unaccounted, in tolerance units: above it the
+# step is taken as the difference of the represented times (`step_end`).
+CLOCK_TOL = 1e-4
+
+
+def step_end(problem: Problem, t, h, yp_norm):
+    """(t_new, h) of a step of intended size h from t (h ≤ max_step): t_new = t + h as
+    represented in floating point, never past tstop (a step that would pass it ends
+    exactly on it, h = tstop − t; IDAS shortens it by 4 eps instead and then stops
+    within a round-off band of tstop, which would extrapolate the outputs).
+
+    The represented t_new − t differs from h by up to half a spacing of t. IDAS ignores
+    that; its effect on the solution, up to eps·|t|·‖y'‖_W tolerance units a step
+    (`yp_norm` = ‖y'‖_WRMS), is negligible unless t is large for the solution's time
+    scale (e.g. t0 = 1.7e9 for a process of microseconds: steps of a few spacings of t,
+    rounded by tens of percent, gave wrong solutions marked successful). Above
+    `CLOCK_TOL` the step is therefore the difference of the represented times,
+    h = t_new − t, so the integrator never falls out of step with its clock, and a step
+    below half a spacing of t is 0 (status `step_size_too_small`). Below it h is kept
+    as intended, as in IDAS (the difference wobbles by a spacing of t, and exact tests
+    like cj == cj_old would flip with it, making the step sequence — and so the
+    solution — jitter with rounding-level changes of the data)."""
+    lands = t + h > problem.tstop
+    t_new = jnp.where(lands, problem.tstop, t + h)
+    coarse = jnp.finfo(t.dtype).eps * jnp.abs(t_new) * yp_norm > CLOCK_TOL
+    return t_new, jnp.where(lands | coarse, t_new - t, h)
 
 
 def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=None) -> State:
@@ -185,7 +223,8 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
         psi=jnp.zeros((NPHI,), dtype).at[0].set(h0), cj=1 / h0, cj_old=1 / h0,
         ss=jnp.asarray(20.0, dtype), ss_sens=jnp.asarray(20.0, dtype),
         new_matrix=jnp.zeros((), bool), lin_state=lin_state,
-        jac_point=(jnp.asarray(t0, dtype), y0, yp0), nef=izero, ncf=izero,
+        jac_point=(jnp.asarray(t0, dtype), y0, yp0), nef=izero, ncf=izero, npress=izero,
+        h_nan=jnp.zeros((), dtype),
         stats=stats, result=RESULTS.successful,
     )
 
@@ -201,7 +240,11 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     uround = jnp.finfo(dtype).eps
     sens = problem.sens if (problem.sens is not None and problem.sens.k > 0) else None
     k = s.k
-    h = clamp_to_tstop(problem, s.t, jnp.minimum(s.h, problem.max_step))
+    # Error weights from y_{n-1} (IDAS recomputes them after every accepted step).
+    ewt = error_weights(s.phi[0], problem.rtol, problem.atol)
+    # φ_1/ψ_0 ≈ y' (on the first step φ_1 = h0·y'0, ψ_0 = h0).
+    yp_norm = wrms(s.phi[1], ewt) / s.psi[0]
+    t_new, h = step_end(problem, s.t, jnp.minimum(s.h, problem.max_step), yp_norm)
     co = set_coefficients(s.psi, h, k, s.k_used, s.h_used, s.ns, dtype)
     # All histories (state "y", quadratures "q", sensitivities "s", their quadratures
     # "sq") move together: rescaled, predicted and completed alike. Only the parts that
@@ -211,11 +254,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     parts = ["y"] + (["q"] if nq else []) + (["s", "sq"][: 1 + bool(nq)] if sens else [])
     source = dict(y=s.phi, q=s.phiq, s=s.phis, sq=s.phiqs)
     hist = {p: scale_history(source[p], co["beta"], co["ns"], k) for p in parts}
-    t_new = s.t + h
     cj = co["cj"]
 
-    # Error weights from y_{n-1} (IDAS recomputes them after every accepted step).
-    ewt = error_weights(s.phi[0], problem.rtol, problem.atol)
     ewt_err = ewt * problem.error_mask
     ewtq = error_weights(s.phiq[0], problem.quad_rtol, problem.quad_atol)
     too_accurate = uround * wrms(s.phi[0], ewt) > 1.0
@@ -248,11 +288,12 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     y_pred, yp_pred = preds["y"]
     nw = newton_solve(problem.residual, problem.args, problem.linear_solver, t_new, y_pred,
                       yp_pred, cj, ewt, s.lin_state, s.jac_point, cj_old, ss, setup,
-                      linear=problem.reset_newton_rate)
+                      linear=problem.reset_newton_rate, mask_probe=problem.algebraic_probe)
     ee = nw.ee
     converged = nw.converged
     constraint_fail = jnp.zeros((), bool)
     eta_constraint = jnp.ones((), dtype)
+    pressing = jnp.zeros((), bool)
     if problem.constraints is not None:
         # IDAS IDANls: a converged y violating the constraints is projected back when the
         # projection is below the Newton tolerance, otherwise the step is retried with
@@ -263,7 +304,15 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         a = (jnp.abs(c) > 1.5).astype(dtype)
         v = jnp.where(mm, y_try - 0.1 * a * c / ewt, 0.0)
         small = wrms(v, ewt) <= EPS_NEWT
-        ee = jnp.where(converged & jnp.any(mm) & small, ee - v, ee)
+        projected = converged & jnp.any(mm) & small
+        # A projection the DAE undoes at once: y' points across the bound, by more than
+        # 1e-3 tolerance units over the step. Repeated step after step (10 times) the
+        # constraint is infeasible — the integration would creep along the bound in
+        # steps of the Newton tolerance (y ≥ 0 with y' = −1 ran to max_steps).
+        yp_try = yp_pred + cj * ee
+        outward = mm & (c * yp_try < 0) & (jnp.abs(h * yp_try) * ewt > 1e-3)
+        pressing = projected & jnp.any(outward)
+        ee = jnp.where(projected, ee - v, ee)
         constraint_fail = converged & jnp.any(mm) & ~small
         ratio_c = jnp.where(mm, s.phi[0] / jnp.where(mm, s.phi[0] - y_try, 1.0), jnp.inf)
         eta_constraint = jnp.maximum(0.9 * jnp.min(ratio_c), 0.1)
@@ -317,7 +366,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     lower = jnp.where(k > 2, jnp.maximum(terr_km1, terr_km2) <= terr_k,
                       (k == 2) & (terr_km1 <= 0.5 * terr_k))
     knew = jnp.where(lower, k - 1, k)
-    passed = converged & (co["ck"] * enorm_k <= 1.0)
+    passed = converged & (co["ck"] * enorm_k <= 1.0) & (t_new > s.t) & ~nw.mask_violated
 
     # --- accepted: IDACompleteStep ---------------------------------------------------
     nst = s.stats["num_steps"] + 1
@@ -376,22 +425,36 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     # IDAS gives up after maxncf/maxnef failures in one step, or at once when a step
     # already at the minimum step size fails.
     gave_up_conv = conv_fail & ((ncf >= MAX_CONV_FAILS) | at_min_step)
+    # At the edge of the residual's domain (h_nan: a NaN residual at a larger step not
+    # yet recovered from), the step sizes collapse between NaN failures, error-test
+    # failures and iteration matrices that are not finite there (which look singular):
+    # the cause reported is the domain.
+    nan_fail = conv_fail & (nw.fail_kind == FAIL_NONFINITE)
+    at_edge = s.h_nan > 0
+    fail_kind = jnp.where(at_edge & (nw.fail_kind == FAIL_SINGULAR), FAIL_NONFINITE,
+                          nw.fail_kind)
     conv_result = W(constraint_fail, RESULTS.constraint_failures,
-                    W(nw.fail_kind == FAIL_SINGULAR, RESULTS.singular_matrix,
-                      W(nw.fail_kind == FAIL_NONFINITE, RESULTS.nonfinite_residual,
-                        W(nw.fail_kind == FAIL_LINEAR, RESULTS.linear_solver_failures,
+                    W(fail_kind == FAIL_SINGULAR, RESULTS.singular_matrix,
+                      W(fail_kind == FAIL_NONFINITE, RESULTS.nonfinite_residual,
+                        W(fail_kind == FAIL_LINEAR, RESULTS.linear_solver_failures,
                           RESULTS.convergence_failures))))
+    npress = jnp.where(pressing, s.npress + 1, 0)
     result = W(gave_up_conv, conv_result,
                W(error_fail & ((nef >= MAX_ERROR_TEST_FAILS) | at_min_step),
-                 RESULTS.error_test_failures, RESULTS.successful))
+                 RESULTS.error_test_failures,
+                 W(passed & (npress >= MAX_CONV_FAILS), RESULTS.constraint_failures,
+                   RESULTS.successful)))
     # A step size driven to underflow by NaN residuals is a domain error (the solution
     # reached the edge of the residual's domain, e.g. sqrt of a state going negative).
     # Likewise a step size driven to underflow by an iterative linear solver that cannot
     # reach its tolerance is that solver's failure, not a singularity of the solution.
-    underflow = W(conv_fail & (nw.fail_kind == FAIL_NONFINITE), RESULTS.nonfinite_residual,
-                  W(conv_fail & (nw.fail_kind == FAIL_LINEAR), RESULTS.linear_solver_failures,
+    underflow = W(nan_fail | at_edge, RESULTS.nonfinite_residual,
+                  W(conv_fail & (fail_kind == FAIL_LINEAR), RESULTS.linear_solver_failures,
                     RESULTS.step_size_too_small))
     result = W(s.t + h_next == s.t, underflow, result)
+    result = W(nw.mask_violated, RESULTS.wrong_algebraic_mask, result)
+    # A step below half a spacing of t (`step_end`): nothing was attempted.
+    result = W(t_new == s.t, RESULTS.step_size_too_small, result)
     result = W(too_accurate, RESULTS.tolerance_too_small, result)
 
     new_hist = dict(source)
@@ -401,7 +464,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         phi=new_hist["y"], phiq=new_hist["q"], phis=new_hist["s"], phiqs=new_hist["sq"],
         psi=co["psi"], cj=cj, cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens,
         new_matrix=jnp.zeros((), bool), lin_state=lin_state,
-        jac_point=jac_point, nef=jnp.zeros_like(nef), ncf=jnp.zeros_like(ncf), stats=st, result=result,
+        jac_point=jac_point, nef=jnp.zeros_like(nef), ncf=jnp.zeros_like(ncf), npress=npress,
+        h_nan=jnp.where(h >= s.h_nan, 0.0, s.h_nan), stats=st, result=result,
     )
     rejected_state = State(
         t=s.t, h=h_fail, h_used=s.h_used, k=k_fail, k_used=s.k_used, ns=co["ns"],
@@ -409,7 +473,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         phis=hist_fail["s"], phiqs=hist_fail["sq"], psi=jnp.where(first, s.psi.at[0].set(h_fail), s.psi), cj=cj,
         cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens, new_matrix=redo, lin_state=lin_state,
         jac_point=jac_point, nef=jnp.where(conv_fail, s.nef, nef),
-        ncf=ncf, stats=st, result=result,
+        ncf=ncf, npress=s.npress, h_nan=jnp.where(nan_fail, h, s.h_nan), stats=st,
+        result=result,
     )
     # Both outcomes share the Newton's factorization: select everything else, not the
     # (n×n) factors.
@@ -448,11 +513,6 @@ class Outputs(eqx.Module):
         return self.yd[:, 1]
 
 
-def troundoff(s: State):
-    uround = jnp.finfo(s.phi.dtype).eps
-    return 100.0 * uround * (jnp.abs(s.t) + jnp.abs(s.h))
-
-
 OUTPUT_BLOCK = 8   # output rows written per masked block update
 # XLA's CPU runtime runs a loop body sequentially only while every buffer it touches is
 # at most this size; larger ones put each iteration's operations on its thread pool
@@ -461,8 +521,11 @@ LOOP_BYTES = 512
 
 
 def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
-    """Fill every output row with t_out ≤ t_n (+ roundoff; ≤ t_limit, a terminal
-    event, if given) by IDAS's interpolant (nothing unless the step `passed`).
+    """Fill every output row with t_out ≤ t_n (≤ t_limit, a terminal event, if given) by
+    IDAS's interpolant (nothing unless the step `passed`). Never beyond t_n: the
+    integration stops only once t_n ≥ t1 (a step past tstop ends on it, `step_end`),
+    so no row is extrapolated (a round-off band of 100·eps·|t| extrapolated a whole
+    solution at large t, e.g. t0 = 1.7e9, from the initial values).
 
     The due rows are written in blocks of `OUTPUT_BLOCK` consecutive rows by one masked
     update each: the first block in place, further blocks (more than 8 outputs in one
@@ -474,7 +537,7 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
     if n_save == 0:
         return out
     order = out.yd.shape[1] - 1
-    limit = s.t + troundoff(s)
+    limit = s.t
     if t_limit is not None:
         limit = jnp.minimum(limit, t_limit)
     block = min(OUTPUT_BLOCK, n_save)
@@ -532,7 +595,7 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     n_save = outputs.ts.shape[0]
 
     def running(s):
-        return ((t_end - s.t) > troundoff(s)) & (s.result == RESULTS.successful)
+        return (s.t < t_end) & (s.result == RESULTS.successful)
 
     def next_output(out):
         if n_save == 0:
@@ -547,7 +610,7 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
 
     def step_cond(carry):
         s, _, _, t_target, flush = carry
-        return running(s) & ((t_target - s.t) > troundoff(s)) & ~flush
+        return running(s) & (s.t < t_target) & ~flush
 
     def step_body(carry):
         s, recs, ev, t_target, _ = carry
@@ -568,7 +631,7 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
                          lambda: jax.debug.callback(_print_progress, s.t, t_end,
                                                     s.stats["num_steps"], s.h_used),
                          lambda: None)
-        hit_max = passed & (s.stats["num_steps"] >= max_steps) & ((t_end - s.t) > troundoff(s))
+        hit_max = passed & (s.stats["num_steps"] >= max_steps) & (s.t < t_end)
         result = RESULTS.where(hit_max & (s.result == RESULTS.successful),
                                RESULTS.max_steps_reached, s.result)
         if ev is not None:

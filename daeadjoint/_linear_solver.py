@@ -99,20 +99,66 @@ class AbstractLinearSolver(eqx.Module):
         return self
 
 
-def masked_residual(residual, y, yp, y_mask) -> Callable:
-    """The residual whose iteration matrix at cj = 0 is C = R_y diag(m) + R_y' diag(1 − m).
+class SetupWithArgs(AbstractLinearSolver):
+    """`inner` for a caller that evaluates the residual with args of its own making (the
+    discrete adjoint's flat parameter vector): it is set up with the problem's
+    `residual` at `to_args(args)`, so that a user Jacobian or preconditioner inside
+    `inner` receives the args it was written for."""
 
-    `(t, v, w, args) ↦ residual(t, y + m∘v, y' + (1 − m)∘v, args)` linearized at v = 0:
-    its J = ∂/∂v (w is unused). With m the algebraic mask, C is the Jacobian of IDAS's
+    inner: AbstractLinearSolver
+    residual: Callable
+    to_args: Callable
+
+    @property
+    def matrix_free(self) -> bool:
+        return self.inner.matrix_free
+
+    @property
+    def needs_operator(self) -> bool:
+        return self.inner.needs_operator
+
+    @property
+    def stat_names(self) -> tuple:
+        return self.inner.stat_names
+
+    def setup(self, residual, t, y, yp, cj, args):
+        del residual
+        return self.inner.setup(self.residual, t, y, yp, cj, self.to_args(args))
+
+    def solve(self, state, rhs, *, transpose=False, weights=None, operator=None):
+        return self.inner.solve(state, rhs, transpose=transpose, weights=weights,
+                                operator=operator)
+
+    def is_singular(self, state):
+        return self.inner.is_singular(state)
+
+    def solve_failed(self, stats):
+        return self.inner.solve_failed(stats)
+
+    def auxiliary(self) -> AbstractLinearSolver:
+        # The auxiliary matrices come from residuals the caller builds; no user function.
+        return self.inner.auxiliary()
+
+
+def masked_residual(residual, y, yp, split) -> Callable:
+    """The residual whose iteration matrix at cj = 0 is C = R_y Π + R_y' (I − Π).
+
+    `(t, v, w, args) ↦ residual(t, y + Πv, y' + (I − Π)v, args)` linearized at v = 0:
+    its J = ∂/∂v (w is unused). Π is diag(m) for a bool mask m, or a
+    `_consistency.Split`. With m the algebraic mask, C is the Jacobian of IDAS's
     consistent initialization in mode YA_YDP (unknowns y_a and y'_d), Cᵀ is the matrix M
     of the adjoint's consistent jumps (Li & Petzold, DASPKADJOINT, §4.1); with m = 1 it is
-    R_y (mode Y). Its sparsity and bandwidth are within those of R_y + cj R_y', so every
-    solver set up for the iteration matrix can factor it too."""
-    m = y_mask.astype(y.dtype)
+    R_y (mode Y). For a mask its sparsity and bandwidth are within those of
+    R_y + cj R_y', so every solver set up for the iteration matrix can factor it too."""
+    if hasattr(split, "alg"):
+        alg, diff = split.alg, split.diff
+    else:
+        m = split.astype(y.dtype)
+        alg, diff = (lambda v: m * v), (lambda v: (1 - m) * v)
 
     def fn(t, v, w, args):
         del w
-        return residual(t, y + m * v, yp + (1 - m) * v, args)
+        return residual(t, y + alg(v), yp + diff(v), args)
 
     return fn
 

@@ -65,11 +65,25 @@ class NewtonResult(eqx.Module):
     num_jacobian_evals: jax.Array
     num_iters: jax.Array
     linear_stats: dict    # the linear solver's `stat_names` counters
+    mask_violated: jax.Array   # F_y' (a∘r) ≠ 0 at a setup (see `newton_solve`'s mask_probe)
+
+
+def depends_on_yp(residual, t, y, yp, args, v) -> jax.Array:
+    """Whether F_y'(t, y, y') v has a finite nonzero entry (one `jax.jvp`)."""
+    _, d = jax.jvp(lambda yp_: residual(t, y, yp_, args), (yp,), (v,))
+    return jnp.any(jnp.isfinite(d) & (d != 0))
 
 
 def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
-                 lin_state, jac_point, cj_old, ss, force_setup, linear: bool = False) -> NewtonResult:
+                 lin_state, jac_point, cj_old, ss, force_setup, linear: bool = False,
+                 mask_probe=None) -> NewtonResult:
     """Run the modified Newton iteration from e = 0. See the module docstring.
+
+    `mask_probe`: a∘r (a the algebraic mask, r distinct positive weights) or None. With
+    it, each Jacobian setup also checks that F_y' (a∘r) = Σ_{i algebraic} r_i F_y'e_i is
+    zero — that F does not depend on y' of a component marked algebraic — by one
+    `jax.jvp` (only where J is formed, not every iteration); `mask_violated` says it was
+    not.
 
     `linear`: the residual is linear in y (the adjoint DAE). With J set up at this t and
     cj, one iteration is then exact (Li & Petzold, DASPKADJOINT §5.3), and the rate test
@@ -84,8 +98,14 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         ee = c["ee"]
         do_setup = c["setup"]
 
-        lin = maybe_update(do_setup, lambda: linear_solver.setup(
-            residual, t, y_pred + ee, yp_pred + cj * ee, cj, args), c["lin"])
+        def setup():
+            y_s, yp_s = y_pred + ee, yp_pred + cj * ee
+            lin_new = linear_solver.setup(residual, t, y_s, yp_s, cj, args)
+            if mask_probe is None:
+                return lin_new, c["mask"]
+            return lin_new, c["mask"] | depends_on_yp(residual, t, y_s, yp_s, args, mask_probe)
+
+        lin, mask = maybe_update(do_setup, setup, (c["lin"], c["mask"]))
         singular = do_setup & linear_solver.is_singular(lin)
         jac_point = tree_where(do_setup, (t, y_pred + ee, yp_pred + cj * ee), c["jac_point"])
         cj_old_ = jnp.where(do_setup, cj, c["cj_old"])
@@ -131,13 +151,16 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
                               jnp.where(singular, FAIL_SINGULAR,
                                         jnp.where(lin_failed_any, FAIL_LINEAR,
                                                   FAIL_CONVERGENCE)))
-        status = jnp.where(converged, 1, jnp.where(failed & ~retry, 2, 0)).astype(int_)
+        # A wrong algebraic mask ends the iteration (the step reports it).
+        status = jnp.where(mask, 2, jnp.where(converged, 1, jnp.where(failed & ~retry, 2, 0)))
+        status = status.astype(int_)
         return dict(
             ee=jnp.where(retry, 0.0, ee_new),
             m=jnp.where(retry, 0, m + 1).astype(int_),
             oldnrm=jnp.where(first, delnrm, c["oldnrm"]),
             ss=ss_, lin=lin, jac_point=jac_point, cj_old=cj_old_, jcur=jcur & ~retry, setup=retry,
             status=status, fail_kind=fail_kind.astype(int_), lin_failed_any=lin_failed_any,
+            mask=mask,
             nre=c["nre"] + 1, nje=c["nje"] + do_setup.astype(int_), nni=c["nni"] + 1,
             lin_stats={k: c["lin_stats"][k] + lin_stats[k] for k in c["lin_stats"]},
         )
@@ -146,7 +169,8 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
     init = dict(
         ee=jnp.zeros_like(y_pred), m=zero, oldnrm=jnp.ones((), y_pred.dtype), ss=ss,
         lin=lin_state, jac_point=jac_point, cj_old=cj_old, jcur=jnp.zeros((), bool), setup=force_setup,
-        status=zero, fail_kind=zero, lin_failed_any=jnp.zeros((), bool), nre=zero, nje=zero,
+        status=zero, fail_kind=zero, lin_failed_any=jnp.zeros((), bool),
+        mask=jnp.zeros((), bool), nre=zero, nje=zero,
         nni=zero,
         lin_stats={k: zero for k in linear_solver.stat_names},
     )
@@ -155,5 +179,5 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         ee=out["ee"], converged=out["status"] == 1, fail_kind=out["fail_kind"],
         lin_state=out["lin"], jac_point=out["jac_point"], cj_old=out["cj_old"], ss=out["ss"],
         num_residual_evals=out["nre"], num_jacobian_evals=out["nje"], num_iters=out["nni"],
-        linear_stats=out["lin_stats"],
+        linear_stats=out["lin_stats"], mask_violated=out["mask"],
     )

@@ -35,7 +35,9 @@ class RESULTS(eqx.Enumeration):
     constraint_failures = (
         "constraint_failures: the inequality `constraints` could not be met: the step was "
         "reduced 10 times (or reached min_step) with the corrected y still violating them "
-        "(IDAS IDA_CONSTR_FAIL)."
+        "(IDAS IDA_CONSTR_FAIL), or 10 steps in a row had to be projected back onto a "
+        "bound that the DAE drives the solution across (its y' points out of the "
+        "constrained set there: the constraint is inconsistent with the DAE)."
     )
     singular_matrix = (
         "singular_matrix: the iteration matrix dF/dy + cj dF/dy' is singular at every step "
@@ -43,17 +45,33 @@ class RESULTS(eqx.Enumeration):
         "not determine the algebraic variables, or its Jacobian is not finite there."
     )
     nonfinite_residual = (
-        "nonfinite_residual: the residual returned NaN or inf at every step size tried: the "
-        "solution left the residual's domain (e.g. the log or sqrt of a state that went "
-        "negative) or blew up; look at sol.stats['t_final'] and the partial solution."
+        "nonfinite_residual: the residual returned NaN or inf at every step size tried, or "
+        "the step size collapsed at the edge of its domain (between NaN residuals beyond "
+        "it and a Jacobian not finite on it): the solution left the residual's domain "
+        "(e.g. the log or sqrt of a state that went negative) or blew up; look at "
+        "sol.stats['t_final'] and the partial solution."
     )
     step_size_too_small = (
         "step_size_too_small: the step size underflowed, t + h == t in floating point "
         "(IDAS 't + h = t'): the solution is likely singular (blowing up) here."
     )
+    time_not_resolved = (
+        "time_not_resolved: the step size this solution needs is below the spacing of "
+        "floating-point numbers at t (t + h == t), with t far from 0 compared to the "
+        "time elapsed since t0: t0 is large for the time scale of the solution (e.g. "
+        "t0 = 1.7e9 for a process of microseconds). Shift the time origin: solve in "
+        "tau = t - t0 (residual F(t0 + tau, y, y', args), or better one written in tau), "
+        "so that t stays small and its floating-point numbers dense."
+    )
     tolerance_too_small = (
         "tolerance_too_small: the requested accuracy cannot be reached in this "
         "floating-point precision (IDAS IDA_TOO_MUCH_ACC): increase rtol/atol or use float64."
+    )
+    wrong_algebraic_mask = (
+        "wrong_algebraic_mask: the residual depends on y'_i for a component i marked "
+        "`algebraic` (column i of dF/dy' is not zero): the mask must be True exactly where "
+        "F does not depend on y'_i. Check it with jax.jacfwd(residual, argnums=2)(t, y, "
+        "yp, args)."
     )
     initialization_failed = (
         "initialization_failed: consistent initialization (`init=`) did not converge: the "

@@ -69,13 +69,36 @@ class Solution(eqx.Module):
 
     def evaluate(self, t: ArrayLike, derivative: int = 0):
         """y(t) (or y^(derivative)(t), derivative ≤ 5) for t in [t0, t_final], from the
-        stored interpolants (needs `solve(..., dense=True)`); t may be an array."""
+        stored interpolants (needs `solve(..., dense=True)`); t may be an array.
+
+        Outside [t0, t_final] there is no solution to evaluate (the interpolants would
+        extrapolate): a `ValueError` when t and the solution are concrete; under
+        `jax.jit` an `equinox` run-time error, and NaN at those times where errors are
+        turned off (`EQX_ON_ERROR=nan` or `off`)."""
         if self.dense is None or not self.dense.interpolant:
             raise ValueError("Solution.evaluate needs solve(..., dense=True).")
         dense = self._guard(self.dense, "Solution.evaluate")
         t = jnp.asarray(t, dense.t.dtype)
+        t_lo = dense.t[..., 0]
+        t_hi = jnp.take_along_axis(dense.t, jnp.asarray(dense.count)[..., None], axis=-1)[..., 0]
+        outside = (t < t_lo) | (t > t_hi)
+        try:
+            bad = np.asarray(outside)
+        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+            bad = None
+        if bad is not None and np.any(bad):
+            raise ValueError(
+                f"Solution.evaluate: t = {np.asarray(t)[bad].reshape(-1)[:4].tolist()} lies "
+                f"outside the solved interval [t0, t_final] = [{float(np.min(t_lo))}, "
+                f"{float(np.max(t_hi))}]: there is no solution there to evaluate.")
         fn = lambda tau: dense.evaluate(tau, derivative)  # noqa: E731
-        return fn(t) if t.ndim == 0 else jax.vmap(fn)(t.reshape(-1)).reshape(t.shape + (-1,))
+        y = fn(t) if t.ndim == 0 else jax.vmap(fn)(t.reshape(-1)).reshape(t.shape + (-1,))
+        y = jnp.where(outside[..., None], jnp.nan, y)
+        if bad is None:
+            y = eqx.error_if(y, jnp.any(outside),
+                             "Solution.evaluate: t lies outside the solved interval [t0, "
+                             "t_final]: there is no solution there to evaluate.")
+        return y
 
     def __repr__(self):
         def shape(x):

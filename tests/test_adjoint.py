@@ -379,3 +379,62 @@ def test_kept_last_segment_equals_its_replay(interpolation, monkeypatch):
     assert "f64[5,12]" in jaxpr_kept and "f64[5,12]" not in jaxpr_replayed
     assert np.all(np.isfinite(g_kept)) and np.any(g_kept != 0)
     np.testing.assert_array_equal(g_kept, g_replayed)
+
+
+def _square_wave_decay(t, y, yp, a):
+    """y' = −a y + u(t), u a square wave of period 1: a kink every half period, where
+    attempted steps overshoot and fail the error test."""
+    return yp + a * y - jnp.where(jnp.mod(t, 1.0) < 0.5, 1.0, -1.0)
+
+
+def test_every_replayed_segment_repeats_the_forward_steps(monkeypatch):
+    """The backward pass replays each checkpoint segment; its steps must be the forward
+    run's, bit for bit. The replay used to stop at the segment's end (tstop), which
+    shortened every attempt that overshot it: the forward run had tried those and,
+    failing, chosen other steps. Here 38 of 168 segments of a square-wave-driven decay
+    came out different (and on the Test Set's NAND gate at rtol 1e-8 a replay
+    overflowed its buffer, so the gradient was NaN)."""
+    import dataclasses
+
+    import daeadjoint._solve as solve_module
+    from daeadjoint._adjoint import replay_segment
+    from daeadjoint._core import build_problem, run_forward
+    from daeadjoint._integrator import StepRecorder, segment_capacity
+
+    every = 10
+    got = {}
+
+    class Captured(Exception):
+        pass
+
+    def capture(config, inputs):   # the solve's configuration, as `solve` builds it
+        got.update(config=config, inputs=inputs)
+        raise Captured
+
+    monkeypatch.setattr(solve_module, "_solve_compiled", capture)
+    with pytest.raises(Captured):
+        dae.solve(_square_wave_decay, 0.0, 10.0, jnp.ones(1), args=jnp.asarray(3.0),
+                  rtol=1e-8, atol=1e-8, sensitivity=dae.Adjoint(checkpoint_every=every))
+    config = dataclasses.replace(got["config"], dense=1)   # also keep every step
+    core, rec = jax.jit(lambda i: run_forward(config, i, record=True))(got["inputs"])
+    steps, cks = core.dense, rec.checkpoints
+    problem = build_problem(config, dataclasses.replace(got["inputs"], y0=rec.y0, yp0=rec.yp0))
+    buf0 = StepRecorder.create(segment_capacity(every), 1, jnp.float64)
+
+    @jax.jit
+    def replay(i):
+        ck = jax.tree_util.tree_map(lambda x: x[i], cks.states)
+        return replay_segment(problem, ck, i, cks.states.t[i + 1], rec.yp0, buf0,
+                              config.max_steps)
+
+    n_full = int(steps.count) // every   # segments that end on a checkpoint
+    assert n_full > 100
+    differ = []
+    for i in range(n_full):
+        buf, ok = replay(i)
+        span = slice(i * every, (i + 1) * every + 1)
+        if not (bool(ok) and int(buf.count) == every
+                and np.array_equal(buf.t[:every + 1], steps.t[span])
+                and np.array_equal(buf.y[:every + 1], steps.y[span])):
+            differ.append(i)
+    assert differ == []
