@@ -942,6 +942,59 @@ twobit = Problem(
 PROBLEMS = {pr.name: pr for pr in (transistor, transistor_semi_explicit, nand, akzo, twobit)}
 
 
+# ------------------------------------------------------------------ gradient references
+# Not from the Test Set: p·∂y_k(t1)/∂p (derivatives with respect to log p) of one output
+# component for 2–3 physical parameters, by fourth-order central differences
+# (8 (y(+h) − y(−h)) − (y(+2h) − y(−2h))) / (12 h) in the relative step h = 1e-2 of
+# forward solves at `fd_rtol` (= atol), each perturbed problem with its own consistent
+# initial values (tests/test_testset.py, `_central_differences`). Truncation error
+# h⁴/30 · |p⁵ ∂⁵y/∂p⁵| ≈ 3e-10 for these O(1) log-derivatives, below the noise of the
+# solves: the forward error does not vary smoothly with p (the step sequence changes),
+# so it enters as ≈ 1.5 ε/h. `unc` is that noise as measured: |differences at h = 1e-2 −
+# differences at h = 3e-3|. `y` is y_k(t1) of the unperturbed solve.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GradientCase:
+    problem: Problem
+    t1: float
+    comp: int                   # 0-based output component
+    keys: tuple                 # the parameters
+    fd_rtol: float
+    fd_form: Problem            # the problem the differences were computed on
+    fd: np.ndarray
+    unc: np.ndarray
+    y: float
+
+
+GRADIENT_CASES = {
+    # U8(0.2), the amplifier's output. The differences are on the semi-explicit form
+    # (the same solution) at rtol 1e-9: 189 016 to 585 791 steps per solve depending on
+    # the compilation's rounding; rtol 1e-10 does not reach t1 in 10⁶ steps.
+    "transistor": GradientCase(
+        transistor, 0.2, 7, ("beta", "r0", "c5"), 1e-9, transistor_semi_explicit,
+        fd=np.array([0.0149342517, -0.0143730475, -0.3444509362]),
+        unc=np.array([2.0e-6, 9.3e-7, 1.2e-6]), y=1.2369958458),
+    # y1(180); 530 steps per solve.
+    "akzo": GradientCase(
+        akzo, 180.0, 0, ("k1", "k2", "klA"), 1e-10, akzo,
+        fd=np.array([-0.0374069181, -0.0004543431, -0.003223354]),
+        unc=np.array([7.5e-8, 2.6e-8, 4.0e-8]), y=0.1150794925),
+    # y5(80), the gate's output; 10 385 steps per solve.
+    "nand": GradientCase(
+        nand, 80.0, 4, ("BETA_dep", "BETA_enh", "VT0_enh"), 1e-10, nand,
+        fd=np.array([0.0329007684, -0.0002294994, 0.0031410884]),
+        unc=np.array([5.9e-8, 2.8e-7, 3.3e-7]), y=4.9708370230),
+    # y10(10): t1 on a kink of the input V1 (the end of its rise); y10 is the node between
+    # the two enhancement transistors, which V1 drives through the capacitances (the
+    # transistors carry no current before V2 rises at t = 15). 284 steps per solve.
+    "nand_kink": GradientCase(
+        nand, 10.0, 9, ("CGS", "CBD", "C9"), 1e-10, nand,
+        fd=np.array([1.097053121, -0.1397107173, -0.4351899985]),
+        unc=np.array([3.3e-7, 2.5e-8, 5.8e-8]), y=5.2362756059),
+}
+
+
 # ------------------------------------------------------------ index 2: definitions only
 # The solver integrates index ≤ 1; these are here with their reference solutions for
 # when it does not. Not used by the tests' solves.
