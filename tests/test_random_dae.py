@@ -242,7 +242,7 @@ def test_random_linear_index1_dae_jit(seed, theta, scalar_theta):
 @pytest.mark.parametrize("scalar_theta", [
     # eager with a Python-float θ runs with --runslow (the default suite's budget); the
     # default suite covers that input kind eagerly in
-    # test_new_user_defects.py::test_gradient_for_every_input_kind[eager-python-float]
+    # test_user_inputs_and_messages.py::test_gradient_for_every_input_kind[eager-python-float]
     pytest.param(True, id="python-float", marks=pytest.mark.slow),
     pytest.param(False, id="array")])
 def test_random_linear_index1_dae_eager(scalar_theta):

@@ -275,7 +275,7 @@ def test_hvp_nonlinear_index1():
     observations, quadrature): jvp(grad) against central differences of adjoint
     gradients (step 1e-4, gradients at rtol 1e-11: truncation ~1e-8, noise ~1e-7; HVP at
     rtol 1e-9), 1e-5 of its size. (Full Hessians: the oscillator test above; forward over
-    forward and reverse over reverse: tests/test_new_user_defects.py.)"""
+    forward and reverse over reverse: tests/test_user_inputs_and_messages.py.)"""
     theta = jnp.array([0.8, 2.0, 0.3, 0.5, 1.0, 0.2])
     v = jnp.array([0.3, -0.2, 0.5, 0.1, -0.4, 0.7])
     h, fd = _hvp_vs_fd(_kin_hvp, kinetics_grad, theta, v, 1e-9, 1e-11, 1e-4)

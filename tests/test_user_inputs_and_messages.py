@@ -1,6 +1,6 @@
-"""Regressions for the defects found when `solve` was tried as a new user would (each
-test failed on the code before the fix): silent wrong answers first, then JAX
-citizenship and failure messages.
+"""`solve` called as users call it — every kind of input, every transformation, bad
+input and failed solves — against exact answers and the messages users should read:
+silent wrong answers first, then JAX citizenship and failure messages.
 
 Exact solutions used: y' = −k y, y(0) = 1 gives y(1) = e^{−k}, dy(1)/dk = −e^{−k},
 d²y(1)/dk² = e^{−k}. Tolerances: rtol = atol = 1e-8 and the exact-solution tests' bound
