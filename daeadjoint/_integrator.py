@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
@@ -36,6 +35,7 @@ from ._events import Event, EventState, search_step
 from ._derivatives.forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
                                                sensitivity_corrector)
 from ._initialization import violated
+from ._jax_internals import unvmap_any
 from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR,
                       maybe_update, newton_solve, tree_where)
 from ._results import RESULTS
@@ -696,7 +696,7 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
 
     out = write_block(out)   # the outer loop runs when an output is due: no cond
     return jax.lax.cond(
-        eqxi.unvmap_any(due(out)),
+        unvmap_any(due(out)),
         lambda: jax.lax.while_loop(due, write_block, out), lambda: out)
 
 
@@ -740,7 +740,7 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
         s, passed = attempt_step(problem, s)
         if ev is not None:
             order = ev.yd.shape[1] - 2
-            ev = jax.lax.cond(eqxi.unvmap_any(passed),
+            ev = jax.lax.cond(unvmap_any(passed),
                               lambda: tree_where(passed, search_step(problem.event, problem.args,
                                                                      s, ev, order), ev),
                               lambda: ev)
@@ -750,7 +750,7 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
         recs = tuple(r.record(s, passed) for r in recs)
         if problem.progress:
             report = passed & (s.stats["num_steps"] % problem.progress == 0)
-            jax.lax.cond(eqxi.unvmap_any(report),
+            jax.lax.cond(unvmap_any(report),
                          lambda: jax.debug.callback(_print_progress, s.t, t_end,
                                                     s.stats["num_steps"], s.h_used),
                          lambda: None)

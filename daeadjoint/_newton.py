@@ -18,11 +18,11 @@ predictor, with the iteration matrix J = F_y + cj_old F_y' of the last setup:
 """
 
 import equinox as eqx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 
 from ._bdf import wrms
+from ._jax_internals import unvmap_any
 
 EPS_NEWT = 0.33           # IDAS epcon: Newton tolerance relative to the error test
 TOLDEL = 1e-4 * EPS_NEWT  # IDAS toldel
@@ -50,7 +50,7 @@ def maybe_update(pred, update, operand):
     def body(c):
         return jnp.zeros_like(c[0]), tree_where(pred, update(), c[1])
 
-    return jax.lax.while_loop(lambda c: c[0], body, (eqxi.unvmap_any(pred), operand))[1]
+    return jax.lax.while_loop(lambda c: c[0], body, (unvmap_any(pred), operand))[1]
 
 
 class NewtonResult(eqx.Module):

@@ -32,12 +32,11 @@ import functools
 from typing import NamedTuple
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
-from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, Bool, Float, Int
 
+from .._jax_internals import Primitive, ad, batching, mlir
 from . import lapack_ffi
 from .jacobian import Sparsity
 
@@ -123,7 +122,7 @@ def _params(lower: int, upper: int, transpose: bool) -> Int[Array, " 3"]:
 # ------------------------------------------------------------------ the solve primitive
 
 
-band_solve_p = jax.extend.core.Primitive("daeadjoint_band_solve")
+band_solve_p = Primitive("daeadjoint_band_solve")
 
 
 def _solve_body(band, lu, ipiv, rhs, *, lower, upper, transpose):
