@@ -13,6 +13,7 @@ than rtol, or stalls Newton altogether.
 """
 
 import functools
+import gc
 import os
 
 import jax
@@ -523,6 +524,48 @@ def test_detected_pattern_is_exact_and_conservative():
 
     traced(RD_Y0, RD_P)
 
+
+
+def _shift_pattern(n, k):
+    """The pattern of F_i = y'_i − y_{(i+k) mod n}: the diagonal and one cyclic
+    off-diagonal at offset k."""
+    i = np.arange(n)
+    dense = np.eye(n, dtype=bool)
+    dense[i, (i + k) % n] = True
+    return dae.Sparsity.from_dense(dense)
+
+
+def test_detected_patterns_never_alias_another_function(monkeypatch):
+    """The cache of detected patterns never returns one function's pattern for another.
+    Closures made in a loop (one code object, different captured offsets k; each deleted
+    before the next is made), and one residual whose static argument (an unhashable
+    dict holding k) is rebuilt for every call — with `id` made to return the same number
+    for every object in the module, the worst case of CPython reusing a freed object's
+    address: each gets its own pattern, checked against the exact one."""
+    from daeadjoint._linalg import jacobian
+    monkeypatch.setattr(jacobian, "id", lambda x: 0, raising=False)
+    n = 6
+    y = jnp.zeros(n)
+
+    def make(k):
+        def residual(t, y_, yp_, args):
+            return yp_ - jnp.roll(y_, -k)
+        return residual
+
+    for k in (1, 2, 3):
+        residual = make(k)
+        assert detect_sparsity(residual, 0.0, y, y, None) == _shift_pattern(n, k), k
+        del residual
+        gc.collect()
+
+    def by_args(t, y_, yp_, args):
+        return yp_ - args["scale"] * jnp.roll(y_, -args["k"])
+
+    for k in (1, 2, 3, 1):
+        args = {"scale": jnp.ones(()), "k": k}   # static part: {"scale": None, "k": k}
+        assert detect_sparsity(by_args, 0.0, y, y, args) == _shift_pattern(n, k), k
+        del args
+        gc.collect()
 
 def test_default_linear_solver():
     """DenseLU up to 100 unknowns (small problems unchanged); above, SparseLU with the
