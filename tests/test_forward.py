@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import daeadjoint as dae
-from problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
+from .problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
                       mass_index0, mass_index1, oscillator, robertson)
 
 # ---------------------------------------------------------------------------- R1 Robertson

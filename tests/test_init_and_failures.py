@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import daeadjoint as dae
-from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, robertson
+from .problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, robertson
 
 ROB_ATOL = jnp.array([1e-8, 1e-6, 1e-6])
 

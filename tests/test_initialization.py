@@ -22,8 +22,8 @@ from daeadjoint._initialization import (CONSTR_FAIL, CONV_FAIL, GUESS_VIOLATES, 
                                         SINGULAR, SUCCESS, CalcICOptions, calc_ic,
                                         error_if_failed)
 from daeadjoint._linalg.linear_solver import AbstractLinearSolver
-from ida_initialization_reference import ALGEBRAIC, PROBLEMS
-from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, mass_index1, robertson
+from .ida_initialization_reference import ALGEBRAIC, PROBLEMS
+from .problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, mass_index1, robertson
 
 EPS = CalcICOptions().epiccon
 ROOT_TOL = 10 * EPS      # ours vs an exact root (module docstring)

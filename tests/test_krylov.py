@@ -21,8 +21,8 @@ import pytest
 import daeadjoint as dae
 from daeadjoint._linalg.krylov import gmres
 from daeadjoint._newton import EPS_NEWT
-from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
-from test_adjoint import KIN_TS, KIN_W, kinetics
+from .problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
+from .test_adjoint import KIN_TS, KIN_W, kinetics
 
 
 def tol_units(a, b, rtol, atol):
@@ -377,7 +377,7 @@ def test_foodweb_forward_and_adjoint_against_table3():
     dg1/dα = 6467.12 (adjoint), 6467.01 (finite differences), dg1/dβ = 3287.79, 3287.73:
     the paper's two methods at rtol = atol = 1e-5 differ by up to 1.8e-5 relative; we
     ask 1e-4 relative of each (ten tolerance units, the R5 test's bound)."""
-    import foodweb as fw
+    from . import foodweb as fw
 
     p = jnp.array([fw.ALPHA, fw.BETA])
     krylov = dae.Krylov(preconditioner=fw.block_preconditioner())

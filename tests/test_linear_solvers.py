@@ -25,7 +25,7 @@ import pytest
 import daeadjoint as dae
 from daeadjoint._linalg.jacobian import detect_sparsity
 
-from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
+from .problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
 
 try:
     import klujax  # noqa: F401
