@@ -292,7 +292,7 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
     """The state before the first step. With forward sensitivities, (s0, sp0) are their
     consistent initial values (k, n) and qsp0 (k, nq) the quadrature sensitivities' rate;
     the quadrature sensitivities themselves start at 0 (a moving t0 enters through
-    qsp0's companion term, see `_tangents.py`)."""
+    qsp0's companion term, see `_consistency.initial_sensitivities`)."""
     dtype = y0.dtype
     n = y0.shape[0]
     qp0 = problem.quad(t0, y0, yp0)

@@ -301,7 +301,7 @@ def r3_solve(y2_guess):
 
 @pytest.mark.parametrize("guess", [3.0, 5.0, 20.0])
 def test_r3_far_guesses_through_solve(guess):
-    """The same through `solve`: y(1) = (e⁻¹, 1 + e⁻¹) (REFERENCE_VALUES R3 exact
+    """The same through `solve`: y(1) = (e⁻¹, 1 + e⁻¹) (R3 exact
     solution) within 100·rtol, the global-error bound of the forward tests."""
     sol = r3_solve(guess)
     e = np.exp(-1.0)

@@ -248,7 +248,7 @@ HEAT_TOL = 1e-5                     # the paper's rtol = atol
 
 
 def heat(t, u, up, args):
-    """R5 (tests/test_heat_r5.py) at M = 6: u_t = p1 u_xx + p2 u_yy inside, u_t = 0 on
+    """R5 (tests/test_heat_equation_gradient.py) at M = 6: u_t = p1 u_xx + p2 u_yy inside, u_t = 0 on
     the boundary nodes."""
     p = args
     n = HEAT_M + 2

@@ -110,7 +110,7 @@ M_HEAT = 6                                  # (M + 2)² = 64 unknowns
 
 def heat(t, u, up, p):
     """R5 (Li & Petzold, DASPKADJOINT, §7.1.1): u_t = p1 u_xx + p2 u_yy, u_t = 0 on the
-    boundary, as tests/test_heat_r5.py at a small M."""
+    boundary, as tests/test_heat_equation_gradient.py at a small M."""
     m = M_HEAT
     dx = 1.0 / (m + 1)
     g = u.reshape(m + 2, m + 2)
@@ -289,7 +289,7 @@ def test_klu_solve_primitive_batching_and_derivatives():
 
 
 def underdetermined(t, y, yp, args):
-    """tests/test_init_and_failures.py's singular DAE: y1 − y2 = t leaves y3 undetermined,
+    """tests/test_failure_paths.py's singular DAE: y1 − y2 = t leaves y3 undetermined,
     so F_y + cj F_y' is singular for every step size (exactly: row 3 = (row 1 − row 2)/cj)."""
     return jnp.stack([yp[0] - y[2], yp[1] - y[2], y[0] - y[1] - t])
 
@@ -639,9 +639,9 @@ def test_nothing_n_by_n():
 def test_heat_r5_1766_parameters(solver):
     """R5 at M = 40 (1764 unknowns), the gradient w.r.t. all 1766 parameters (p1, p2 and
     u0) from one adjoint solve with each new solver, against the paper's Table 1 (Li &
-    Petzold, DASPKADJOINT, §7.1.1) as in tests/test_heat_r5.py: d(Σu²(T))/dp1 = −2.72675
+    Petzold, DASPKADJOINT, §7.1.1) as in tests/test_heat_equation_gradient.py: d(Σu²(T))/dp1 = −2.72675
     and d(∫Σu dt)/dp1 = −15.2178 at 1e-4 relative, solved at rtol = atol = 1e-6 (why
-    not the paper's 1e-5: tests/test_heat_r5.py), and Euler's identity
+    not the paper's 1e-5: tests/test_heat_equation_gradient.py), and Euler's identity
     ∇g·u0 = (degree)·g for all 1764 initial-value sensitivities (100·rtol: both sides
     carry the global error)."""
     m = 40

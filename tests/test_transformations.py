@@ -1,6 +1,6 @@
 """Every JAX transformation through `solve`: forward sensitivities against IDAS's FSA
 values, forward mode against reverse mode, second derivatives against exact ones and
-against central differences of adjoint gradients (REFERENCE_VALUES.md R1, R4)."""
+against central differences of adjoint gradients (R1, R4 of `problems.py`)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,6 @@
-"""Every failure path of DESIGN.md §4 (initialization: tests/test_initialization.py)."""
+"""Failure paths: bad input rejected before tracing with an error naming the argument,
+float32 handling, and failures under `jit` reported by a status (`sol.result`) with the
+partial solution (failures of the initialization: tests/test_initialization.py)."""
 
 import jax
 import jax.numpy as jnp
