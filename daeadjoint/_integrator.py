@@ -713,8 +713,8 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     step state and the per-step recorders; the outer one writes the outputs that step
     made due and the checkpoint. A step loop that carried the output or checkpoint
     buffers made XLA's CPU runtime switch, once a buffer of its body passed ~512 bytes,
-    from sequential to thread-pool execution of every step's operations: 3–4x slower
-    solves with a few dozen output values, and a 4x slower recording forward run."""
+    from sequential to thread-pool execution of every step's operations, several times
+    slower for small problems (a few dozen output values, a recording forward run)."""
     n_save = outputs.ts.shape[0]
 
     def running(s):
@@ -996,7 +996,7 @@ class SegmentRecorder(eqx.Module):
         the step loop puts that loop on XLA's thread pool (see `integrate`) unless the
         step state alone already does (its history φ over ~512 bytes, n ≥ 11 in float64):
         on Robertson (n = 3) the kept segment cost the recording forward run more than
-        the replay it saved (gradient 18.7 → 20.4–22 ms)."""
+        the replay it saved."""
         phi = state.phi
         return phi.size * phi.dtype.itemsize > LOOP_BYTES
 

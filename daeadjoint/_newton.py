@@ -44,9 +44,8 @@ def maybe_update(pred, update, operand):
     carry through in place. For the factorization in the Newton loop (O(n·b²), 2.4 MB
     at n = 1764) the copies cost a quarter of the forward solve. Under `vmap` the loop
     runs once if any member needs the update and the others keep `operand` by a
-    `where`: one shared predicate keeps it a real loop (a batched predicate made JAX's
-    batched loop select the whole carry and made a vmapped batch of 64 heat solves 1.5x
-    slower)."""
+    `where`: one shared predicate keeps it a real loop (with a batched predicate JAX's
+    batched loop selects the whole carry on every trip, which slows vmapped solves)."""
     def body(c):
         return jnp.zeros_like(c[0]), tree_where(pred, update(), c[1])
 

@@ -130,8 +130,8 @@ class Sparsity:
 
 # ------------------------------------------------------------------ detection
 
-# Detection costs a trace of the residual plus index-set propagation (≈0.1 s at n = 1764,
-# ≈0.5 s at n = 10⁴); `solve` detects once per residual, shapes and static arguments.
+# Detection costs a trace of the residual plus index-set propagation (growing with n and
+# the program's size); `solve` detects once per residual, shapes and static arguments.
 _CACHE: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
 
 
