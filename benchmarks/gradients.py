@@ -168,7 +168,7 @@ ROB_YP0 = jnp.array([-0.04, 0.04, 0.0])
 ROB_ALG = np.array([False, False, True])
 ROB_ATOL = jnp.array([1e-8, 1e-14, 1e-6])  # idasRoberts_ASAi_dns, as in REFERENCE R1
 ROB_T1 = 4e10
-IDAS_DGDP = np.array([1.4879e06, -5.9470e00, 9.9117e-04])  # REFERENCE_VALUES R1 (ASA)
+IDAS_DGDP = np.array([1.4879e06, -5.9470e00, 9.9117e-04])  # IDAS idasRoberts_ASAi_dns (R1)
 
 
 def robertson_G(p, t1=ROB_T1, checkpoint_every=50, max_steps=MAX_STEPS, sensitivity=None):

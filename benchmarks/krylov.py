@@ -21,8 +21,7 @@ import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))   # the working-tree daeadjoint, and its tests' helpers
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -31,7 +30,7 @@ import numpy as np  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 import daeadjoint as dae  # noqa: E402
-import foodweb as fw  # noqa: E402
+from tests import foodweb as fw  # noqa: E402
 
 
 def timed(fn, repeats):

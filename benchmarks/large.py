@@ -3,7 +3,7 @@ by side with SUNDIALS IDAS in one process; prints Markdown tables.
 
     python benchmarks/large.py [--grids 10 40 100] [--repeats 3] [--batch 64] [--batch-grid 20]
 
-Problem: R5 (Li & Petzold, DASPKADJOINT, §7.1.1; shared REFERENCE_VALUES R5):
+Problem: R5 (Li & Petzold, DASPKADJOINT, §7.1.1, Table 1; `tests/problems.py` lists R1–R5):
 u_t = p1 u_xx + p2 u_yy on the unit square, (M+2)² nodes, u_t = 0 on the boundary
 nodes, u0 = 16x(1−x)y(1−y), T = 0.16, rtol = atol = 1e-5. g = Σ u(T)².
 

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(1, str(ROOT))                    # the working-tree daeadjoint
+sys.path.insert(1, str(ROOT))     # the working-tree daeadjoint and the tests' helpers
 # Single-threaded LAPACK, as the other benchmarks (docs/solving.md).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -53,19 +53,7 @@ import numpy as np  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 import daeadjoint as dae  # noqa: E402
-
-
-def _load_problems():
-    """tests/testset.py under another module name (this script is also `testset`)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("testset_problems", ROOT / "tests" / "testset.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ts = _load_problems()
+from tests import testset as ts  # noqa: E402  (the problems; this script is `testset` too)
 
 STATUS = {int(v._value): k for k, v in dae.RESULTS._name_to_item.items()}
 

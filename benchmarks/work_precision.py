@@ -28,7 +28,7 @@ Reference gradients: fourth-order central differences of those IDAS solves
 (``reference_gradient``; casadi's IDAS sensitivities fail on these problems).
 
 Writes docs/work_precision_<problem>.png (forward and gradient panels) and
-docs/work_precision.md-ready lines (machine, date) to stdout. Needs the `bench` extra.
+docs/benchmarks.md-ready lines (machine, date) to stdout. Needs the `bench` extra.
 """
 
 from __future__ import annotations

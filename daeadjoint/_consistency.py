@@ -28,13 +28,13 @@ import dataclasses
 from collections.abc import Callable
 
 import equinox as eqx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
 from ._initialization import SUCCESS, calc_ic
+from ._jax_internals import unvmap_any
 from ._linalg.linear_solver import masked_residual
 from ._newton import tree_where
 
@@ -124,7 +124,7 @@ def split_at(auto: bool, residual, t, y, yp, args, algebraic) -> Split:
         none = (jnp.zeros_like(E), jnp.zeros((n,), bool))
         # unvmap_any: under vmap a batched predicate would run the SVD for every member
         # of every batch; this way a batch of ODEs never does.
-        return jax.lax.cond(eqxi.unvmap_any(singular),
+        return jax.lax.cond(unvmap_any(singular),
                             lambda: tree_where(singular, projectors(), none), lambda: none)
 
     pi, equations = jax.lax.stop_gradient(compute(t, y, yp, args))

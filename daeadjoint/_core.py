@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
@@ -26,6 +25,7 @@ from ._events import Event, EventState, event_tangents
 from ._derivatives.forward_sensitivity import (ForwardSensitivity, SensitivityProblem,
                                                direction_scale, sensitivity_atol)
 from ._initialization import violated
+from ._jax_internals import unvmap_any
 from ._integrator import (CheckpointRecorder, DenseRecorder, Outputs, Problem, SegmentRecorder,
                           initial_state, initial_step, integrate, write_outputs)
 from ._linalg.linear_solver import AbstractLinearSolver
@@ -237,7 +237,7 @@ def _explain_failure(config, inputs, y0, yp0, state) -> RESULTS:
     # unvmap_any: a batched predicate would turn the cond into a select that runs the
     # diagnosis (a dense factorization for auto-split problems) for every member of
     # every batch; under a sharded batch that select also deadlocked XLA's CPU runtime.
-    inconsistent = jax.lax.cond(eqxi.unvmap_any(first),
+    inconsistent = jax.lax.cond(unvmap_any(first),
                                 lambda: first & inconsistent_start(config, inputs, y0, yp0),
                                 lambda: jnp.zeros((), bool))
     result = RESULTS.where(first & inconsistent & ~_is_start_failure(result),

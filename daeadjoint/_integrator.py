@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
@@ -36,6 +35,7 @@ from ._events import Event, EventState, search_step
 from ._derivatives.forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
                                                sensitivity_corrector)
 from ._initialization import violated
+from ._jax_internals import unvmap_any
 from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR,
                       maybe_update, newton_solve, tree_where)
 from ._results import RESULTS
@@ -292,7 +292,7 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
     """The state before the first step. With forward sensitivities, (s0, sp0) are their
     consistent initial values (k, n) and qsp0 (k, nq) the quadrature sensitivities' rate;
     the quadrature sensitivities themselves start at 0 (a moving t0 enters through
-    qsp0's companion term, see `_tangents.py`)."""
+    qsp0's companion term, see `_consistency.initial_sensitivities`)."""
     dtype = y0.dtype
     n = y0.shape[0]
     qp0 = problem.quad(t0, y0, yp0)
@@ -696,7 +696,7 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
 
     out = write_block(out)   # the outer loop runs when an output is due: no cond
     return jax.lax.cond(
-        eqxi.unvmap_any(due(out)),
+        unvmap_any(due(out)),
         lambda: jax.lax.while_loop(due, write_block, out), lambda: out)
 
 
@@ -713,8 +713,8 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     step state and the per-step recorders; the outer one writes the outputs that step
     made due and the checkpoint. A step loop that carried the output or checkpoint
     buffers made XLA's CPU runtime switch, once a buffer of its body passed ~512 bytes,
-    from sequential to thread-pool execution of every step's operations: 3–4x slower
-    solves with a few dozen output values, and a 4x slower recording forward run."""
+    from sequential to thread-pool execution of every step's operations, several times
+    slower for small problems (a few dozen output values, a recording forward run)."""
     n_save = outputs.ts.shape[0]
 
     def running(s):
@@ -740,7 +740,7 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
         s, passed = attempt_step(problem, s)
         if ev is not None:
             order = ev.yd.shape[1] - 2
-            ev = jax.lax.cond(eqxi.unvmap_any(passed),
+            ev = jax.lax.cond(unvmap_any(passed),
                               lambda: tree_where(passed, search_step(problem.event, problem.args,
                                                                      s, ev, order), ev),
                               lambda: ev)
@@ -750,7 +750,7 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
         recs = tuple(r.record(s, passed) for r in recs)
         if problem.progress:
             report = passed & (s.stats["num_steps"] % problem.progress == 0)
-            jax.lax.cond(eqxi.unvmap_any(report),
+            jax.lax.cond(unvmap_any(report),
                          lambda: jax.debug.callback(_print_progress, s.t, t_end,
                                                     s.stats["num_steps"], s.h_used),
                          lambda: None)
@@ -996,7 +996,7 @@ class SegmentRecorder(eqx.Module):
         the step loop puts that loop on XLA's thread pool (see `integrate`) unless the
         step state alone already does (its history φ over ~512 bytes, n ≥ 11 in float64):
         on Robertson (n = 3) the kept segment cost the recording forward run more than
-        the replay it saved (gradient 18.7 → 20.4–22 ms)."""
+        the replay it saved."""
         phi = state.phi
         return phi.size * phi.dtype.itemsize > LOOP_BYTES
 

@@ -18,11 +18,11 @@ predictor, with the iteration matrix J = F_y + cj_old F_y' of the last setup:
 """
 
 import equinox as eqx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 
 from ._bdf import wrms
+from ._jax_internals import unvmap_any
 
 EPS_NEWT = 0.33           # IDAS epcon: Newton tolerance relative to the error test
 TOLDEL = 1e-4 * EPS_NEWT  # IDAS toldel
@@ -44,13 +44,12 @@ def maybe_update(pred, update, operand):
     carry through in place. For the factorization in the Newton loop (O(n·b²), 2.4 MB
     at n = 1764) the copies cost a quarter of the forward solve. Under `vmap` the loop
     runs once if any member needs the update and the others keep `operand` by a
-    `where`: one shared predicate keeps it a real loop (a batched predicate made JAX's
-    batched loop select the whole carry and made a vmapped batch of 64 heat solves 1.5x
-    slower)."""
+    `where`: one shared predicate keeps it a real loop (with a batched predicate JAX's
+    batched loop selects the whole carry on every trip, which slows vmapped solves)."""
     def body(c):
         return jnp.zeros_like(c[0]), tree_where(pred, update(), c[1])
 
-    return jax.lax.while_loop(lambda c: c[0], body, (eqxi.unvmap_any(pred), operand))[1]
+    return jax.lax.while_loop(lambda c: c[0], body, (unvmap_any(pred), operand))[1]
 
 
 class NewtonResult(eqx.Module):

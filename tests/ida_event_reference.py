@@ -1,4 +1,4 @@
-"""SUNDIALS IDA's rootfinding on Robertson (REFERENCE_VALUES R1) stopped at y3 = 0.5,
+"""SUNDIALS IDA's rootfinding on Robertson (R1 in `problems.py`) stopped at y3 = 0.5,
 via scikit-sundae: the event time t* at tight tolerance, and dt*/dp by central
 differences of IDA's event times (relative step 1e-4 in each rate constant).
 

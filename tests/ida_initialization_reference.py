@@ -16,10 +16,10 @@ import numpy as np
 
 # Residuals F(xp, y, yp) -> list of entries; `xp` is numpy or jax.numpy.
 PROBLEMS = {
-    # Li & Petzold eq. (32) (REFERENCE_VALUES R3): y2 algebraic; consistent y2 = y1 + 1,
+    # Li & Petzold eq. (32) (R3 in `problems.py`): y2 algebraic; consistent y2 = y1 + 1,
     # y1' = -(y2 - 1).
     "mass_index1": lambda xp, y, yp: [y[1] * yp[0] + y[1] * (y[1] - 1.0), y[1] - y[0] - 1.0],
-    # Robertson kinetics (REFERENCE_VALUES R1), y3 algebraic.
+    # Robertson kinetics (R1 in `problems.py`), y3 algebraic.
     "robertson": lambda xp, y, yp: [
         yp[0] + 0.04 * y[0] - 1e4 * y[1] * y[2],
         yp[1] - 0.04 * y[0] + 1e4 * y[1] * y[2] + 3e7 * y[1] ** 2,

@@ -1,4 +1,15 @@
-"""Reference problems of shared/REFERENCE_VALUES.md, written once for all tests."""
+"""Reference problems with published values, written once for all tests. The tests
+call them by these labels:
+
+- R1: Robertson kinetics, index 1 (SUNDIALS IDAS examples idasRoberts_dns,
+  idasRoberts_FSA_dns, idasRoberts_ASAi_dns);
+- R2, R3: state-dependent mass matrices, index 0 and 1 (Li & Petzold, DASPKADJOINT,
+  eqs. (31) and (32));
+- R4: the one-mass oscillator (Eberhard & Bischof, *Automatic differentiation of
+  numerical integration algorithms*, §3), exact derivatives at any tolerance;
+- R5: the 2-D heat equation with 1766 parameters (Li & Petzold, DASPKADJOINT, §7.1.1,
+  Table 1; `test_heat_equation_gradient.py`).
+"""
 
 import jax.numpy as jnp
 

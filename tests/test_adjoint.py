@@ -1,5 +1,5 @@
 """Gradients through `solve` by the continuous adjoint (`dae.Adjoint`), against published
-values (REFERENCE_VALUES.md R1–R4), exact derivatives and central finite differences."""
+values (R1–R4 of `problems.py`), exact derivatives and central finite differences."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import daeadjoint as dae
-from problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
+from .problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
                       mass_index0, mass_index1, oscillator, robertson)
 
 
@@ -37,7 +37,7 @@ def r4_grads(c, v0, rtol, at_step_end):
 @pytest.mark.parametrize("rtol", [1e-5, 1e-8])
 @pytest.mark.parametrize("at_step_end", [False, True], ids=["t1-inside-step", "t1-at-step-end"])
 def test_oscillator_exact_derivatives(rtol, at_step_end):
-    """dψ1/dc = −1/4, dψ1/dv0 = 1, dψ2/dc = π/8 − 1/2, dψ2/dv0 = 1 (REFERENCE_VALUES R4),
+    """dψ1/dc = −1/4, dψ1/dv0 = 1, dψ2/dc = π/8 − 1/2, dψ2/dv0 = 1 (R4),
     to 100·rtol: the global-error bound of the forward tests, which the adjoint (solved
     at the same tolerances) inherits."""
     (d1c, d1v), (d2c, d2v) = r4_grads(1.0, 0.5, rtol, at_step_end)

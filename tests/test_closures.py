@@ -1,10 +1,11 @@
 """Derivatives through values that user functions close over.
 
 JAX users write models as closures (`lambda t, y, yp, a: yp + p * y` with `p` the
-parameter being fitted). Before closures were lifted into `args` (`_closures.py`),
-`jax.jit(jax.grad(...))` through such a residual silently returned 0 and eager
-`jax.grad`/`jax.jacfwd` raised "No constant handler". Every user function is covered
-here: residual, quadrature, event condition, user Jacobian, preconditioner.
+parameter being fitted). `solve` lifts such closures into `args` (`_closures.py`) so
+that they are differentiated: without that, `jax.jit(jax.grad(...))` through such a
+residual would silently return 0 and eager `jax.grad`/`jax.jacfwd` would raise "No
+constant handler". Every user function is covered here: residual, quadrature, event
+condition, user Jacobian, preconditioner.
 
 Exact solutions: y' = −p y, y(0) = 1 gives y(1) = e^{−p}, dy(1)/dp = −e^{−p},
 d²y(1)/dp² = e^{−p}; ∫₀¹ c y dt = c (1 − e^{−1}) for p = 1; y = e^{−t} reaches the
@@ -28,7 +29,7 @@ EXACT = -np.exp(-P)
 
 
 def y_end(p, **kw):
-    """y(1) of y' = −p y with p closed over (the way the issue's user wrote it)."""
+    """y(1) of y' = −p y with p closed over (the way users write it)."""
     return dae.solve(lambda t, y, yp, a: yp + p * y, 0.0, 1.0, jnp.ones(1),
                      rtol=RTOL, atol=RTOL, **kw).ys[-1, 0]
 
@@ -43,8 +44,8 @@ TRANSFORMS = {
 }
 
 
-# The default suite runs the three modes the defect report names (jit(grad), eager
-# grad, jacfwd); the others share their path and run with --runslow.
+# The default suite runs the three modes whose paths differ (jit(grad), eager grad,
+# jacfwd); the others share their path and run with --runslow.
 FAST = ("jit-grad", "grad", "jacfwd")
 
 

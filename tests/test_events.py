@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import daeadjoint as dae
-from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
+from .problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
 
 RTOL = 1e-8
 BOUND = 100 * RTOL

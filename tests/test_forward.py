@@ -1,4 +1,4 @@
-"""Forward integrator against published values (REFERENCE_VALUES.md) and exact solutions.
+"""Forward integrator against published values (`problems.py`: R1–R3) and exact solutions.
 
 Compiled solves are module-level `jax.jit`s shared by the tests, so each compiles once.
 """
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import daeadjoint as dae
-from problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
+from .problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
                       mass_index0, mass_index1, oscillator, robertson)
 
 # ---------------------------------------------------------------------------- R1 Robertson
 ROB_TS = jnp.array([0.4, 4.0e1, 4.0e4, 4.0e10])
-# IDAS idasRoberts_dns at rtol = 1e-4, atol = (1e-8, 1e-6, 1e-6) (REFERENCE_VALUES.md R1).
+# IDAS idasRoberts_dns at rtol = 1e-4, atol = (1e-8, 1e-6, 1e-6) (R1).
 ROB_IDAS = np.array([
     [9.8517e-01, 3.3864e-05, 1.4794e-02],
     [7.1579e-01, 9.1838e-06, 2.8420e-01],
@@ -57,7 +57,7 @@ def test_robertson_matches_idas_table(rob_idas_tol):
 
 def test_robertson_counts_within_idas(rob_idas_tol):
     """IDAS needed 362 steps, 537 residual and 60 Jacobian evaluations for this run; the
-    issue asks for steps and Jacobians within 1.5x (same algorithm, so close counts)."""
+    same algorithm should need steps and Jacobians within 1.5x of these (close counts)."""
     st = rob_idas_tol.stats
     for name, idas in [("num_steps", 362), ("num_residual_evals", 537),
                        ("num_jacobian_evals", 60)]:

@@ -22,8 +22,8 @@ from daeadjoint._initialization import (CONSTR_FAIL, CONV_FAIL, GUESS_VIOLATES, 
                                         SINGULAR, SUCCESS, CalcICOptions, calc_ic,
                                         error_if_failed)
 from daeadjoint._linalg.linear_solver import AbstractLinearSolver
-from ida_initialization_reference import ALGEBRAIC, PROBLEMS
-from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, mass_index1, robertson
+from .ida_initialization_reference import ALGEBRAIC, PROBLEMS
+from .problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, mass_index1, robertson
 
 EPS = CalcICOptions().epiccon
 ROOT_TOL = 10 * EPS      # ours vs an exact root (module docstring)
@@ -301,7 +301,7 @@ def r3_solve(y2_guess):
 
 @pytest.mark.parametrize("guess", [3.0, 5.0, 20.0])
 def test_r3_far_guesses_through_solve(guess):
-    """The same through `solve`: y(1) = (e⁻¹, 1 + e⁻¹) (REFERENCE_VALUES R3 exact
+    """The same through `solve`: y(1) = (e⁻¹, 1 + e⁻¹) (R3 exact
     solution) within 100·rtol, the global-error bound of the forward tests."""
     sol = r3_solve(guess)
     e = np.exp(-1.0)

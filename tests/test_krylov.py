@@ -21,8 +21,8 @@ import pytest
 import daeadjoint as dae
 from daeadjoint._linalg.krylov import gmres
 from daeadjoint._newton import EPS_NEWT
-from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
-from test_adjoint import KIN_TS, KIN_W, kinetics
+from .problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
+from .test_adjoint import KIN_TS, KIN_W, kinetics
 
 
 def tol_units(a, b, rtol, atol):
@@ -248,7 +248,7 @@ HEAT_TOL = 1e-5                     # the paper's rtol = atol
 
 
 def heat(t, u, up, args):
-    """R5 (tests/test_heat_r5.py) at M = 6: u_t = p1 u_xx + p2 u_yy inside, u_t = 0 on
+    """R5 (tests/test_heat_equation_gradient.py) at M = 6: u_t = p1 u_xx + p2 u_yy inside, u_t = 0 on
     the boundary nodes."""
     p = args
     n = HEAT_M + 2
@@ -377,7 +377,7 @@ def test_foodweb_forward_and_adjoint_against_table3():
     dg1/dα = 6467.12 (adjoint), 6467.01 (finite differences), dg1/dβ = 3287.79, 3287.73:
     the paper's two methods at rtol = atol = 1e-5 differ by up to 1.8e-5 relative; we
     ask 1e-4 relative of each (ten tolerance units, the R5 test's bound)."""
-    import foodweb as fw
+    from . import foodweb as fw
 
     p = jnp.array([fw.ALPHA, fw.BETA])
     krylov = dae.Krylov(preconditioner=fw.block_preconditioner())

@@ -13,6 +13,7 @@ than rtol, or stalls Newton altogether.
 """
 
 import functools
+import gc
 import os
 
 import jax
@@ -24,7 +25,7 @@ import pytest
 import daeadjoint as dae
 from daeadjoint._linalg.jacobian import detect_sparsity
 
-from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
+from .problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
 
 try:
     import klujax  # noqa: F401
@@ -109,7 +110,7 @@ M_HEAT = 6                                  # (M + 2)² = 64 unknowns
 
 def heat(t, u, up, p):
     """R5 (Li & Petzold, DASPKADJOINT, §7.1.1): u_t = p1 u_xx + p2 u_yy, u_t = 0 on the
-    boundary, as tests/test_heat_r5.py at a small M."""
+    boundary, as tests/test_heat_equation_gradient.py at a small M."""
     m = M_HEAT
     dx = 1.0 / (m + 1)
     g = u.reshape(m + 2, m + 2)
@@ -288,7 +289,7 @@ def test_klu_solve_primitive_batching_and_derivatives():
 
 
 def underdetermined(t, y, yp, args):
-    """tests/test_init_and_failures.py's singular DAE: y1 − y2 = t leaves y3 undetermined,
+    """tests/test_failure_paths.py's singular DAE: y1 − y2 = t leaves y3 undetermined,
     so F_y + cj F_y' is singular for every step size (exactly: row 3 = (row 1 − row 2)/cj)."""
     return jnp.stack([yp[0] - y[2], yp[1] - y[2], y[0] - y[1] - t])
 
@@ -524,6 +525,48 @@ def test_detected_pattern_is_exact_and_conservative():
     traced(RD_Y0, RD_P)
 
 
+
+def _shift_pattern(n, k):
+    """The pattern of F_i = y'_i − y_{(i+k) mod n}: the diagonal and one cyclic
+    off-diagonal at offset k."""
+    i = np.arange(n)
+    dense = np.eye(n, dtype=bool)
+    dense[i, (i + k) % n] = True
+    return dae.Sparsity.from_dense(dense)
+
+
+def test_detected_patterns_never_alias_another_function(monkeypatch):
+    """The cache of detected patterns never returns one function's pattern for another.
+    Closures made in a loop (one code object, different captured offsets k; each deleted
+    before the next is made), and one residual whose static argument (an unhashable
+    dict holding k) is rebuilt for every call — with `id` made to return the same number
+    for every object in the module, the worst case of CPython reusing a freed object's
+    address: each gets its own pattern, checked against the exact one."""
+    from daeadjoint._linalg import jacobian
+    monkeypatch.setattr(jacobian, "id", lambda x: 0, raising=False)
+    n = 6
+    y = jnp.zeros(n)
+
+    def make(k):
+        def residual(t, y_, yp_, args):
+            return yp_ - jnp.roll(y_, -k)
+        return residual
+
+    for k in (1, 2, 3):
+        residual = make(k)
+        assert detect_sparsity(residual, 0.0, y, y, None) == _shift_pattern(n, k), k
+        del residual
+        gc.collect()
+
+    def by_args(t, y_, yp_, args):
+        return yp_ - args["scale"] * jnp.roll(y_, -args["k"])
+
+    for k in (1, 2, 3, 1):
+        args = {"scale": jnp.ones(()), "k": k}   # static part: {"scale": None, "k": k}
+        assert detect_sparsity(by_args, 0.0, y, y, args) == _shift_pattern(n, k), k
+        del args
+        gc.collect()
+
 def test_default_linear_solver():
     """DenseLU up to 100 unknowns (small problems unchanged); above, SparseLU with the
     detected pattern (whether the natural ordering is banded or only a reordering is);
@@ -596,9 +639,9 @@ def test_nothing_n_by_n():
 def test_heat_r5_1766_parameters(solver):
     """R5 at M = 40 (1764 unknowns), the gradient w.r.t. all 1766 parameters (p1, p2 and
     u0) from one adjoint solve with each new solver, against the paper's Table 1 (Li &
-    Petzold, DASPKADJOINT, §7.1.1) as in tests/test_heat_r5.py: d(Σu²(T))/dp1 = −2.72675
+    Petzold, DASPKADJOINT, §7.1.1) as in tests/test_heat_equation_gradient.py: d(Σu²(T))/dp1 = −2.72675
     and d(∫Σu dt)/dp1 = −15.2178 at 1e-4 relative, solved at rtol = atol = 1e-6 (why
-    not the paper's 1e-5: tests/test_heat_r5.py), and Euler's identity
+    not the paper's 1e-5: tests/test_heat_equation_gradient.py), and Euler's identity
     ∇g·u0 = (degree)·g for all 1764 initial-value sensitivities (100·rtol: both sides
     carry the global error)."""
     m = 40

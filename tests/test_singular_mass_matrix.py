@@ -1,9 +1,9 @@
 """Fully implicit index-1 DAEs whose singular F_y' mixes components (no component is
 absent from y', so no `algebraic` mask describes them) — circuits with a capacitor
-between two nodes, as the Test Set's transistor amplifier. The continuous adjoint
-failed (`adjoint_failed`) and forward sensitivities refused
-(`singular_initial_sensitivity`) on them; the algebraic directions now come from
-ker F_y' (`_consistency.Split`).
+between two nodes, as the Test Set's transistor amplifier. The continuous adjoint and
+forward sensitivities take the algebraic directions from ker F_y' (`_consistency.Split`);
+an `algebraic` mask alone would make the adjoint fail (`adjoint_failed`) and the
+forward sensitivities refuse (`singular_initial_sensitivity`).
 
 The circuit: a source u(t) = sin t drives node 1 through R1; a capacitor C joins nodes 1
 and 2; R2 ties node 2 to ground:

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import daeadjoint as dae
-import testset
-from testset import (INDEX2_PROBLEMS, PROBLEMS, akzo, fekete, mescd, nand, scd, transistor,
+from . import testset
+from .testset import (INDEX2_PROBLEMS, PROBLEMS, akzo, fekete, mescd, nand, scd, transistor,
                      transistor_semi_explicit, tube, twobit)
 
 

@@ -1,6 +1,6 @@
 """Every JAX transformation through `solve`: forward sensitivities against IDAS's FSA
 values, forward mode against reverse mode, second derivatives against exact ones and
-against central differences of adjoint gradients (REFERENCE_VALUES.md R1, R4)."""
+against central differences of adjoint gradients (R1, R4 of `problems.py`)."""
 
 import jax
 import jax.numpy as jnp
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import daeadjoint as dae
-from problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
+from .problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
                       oscillator, robertson)
-from test_adjoint import IDAS_ASA, IDAS_FSA, KIN_TS, KIN_W, kinetics, kinetics_grad, kinetics_loss
+from .test_adjoint import IDAS_ASA, IDAS_FSA, KIN_TS, KIN_W, kinetics, kinetics_grad, kinetics_loss
 
 # ------------------------------------------------------- R1: forward sensitivities
 ROB_ATOL = jnp.array([1e-8, 1e-14, 1e-6])     # idasRoberts_FSA_dns / _ASAi_dns
@@ -79,7 +79,7 @@ def test_jacfwd_of_G_agrees_with_the_adjoint():
     (|ASA − FSA|, ~1e-3 relative); and as the tolerance tightens forward mode converges
     to the adjoint's converged gradient (within 1e-4 relative at rtol 1e-8: the
     global-error bound 100·rtol of the forward tests)."""
-    from test_adjoint import robertson_G_grad
+    from .test_adjoint import robertson_G_grad
     fwd6 = np.asarray(robertson_G_forward(ROBERTSON_P, 1e-6))
     _, adj6 = robertson_G_grad(ROBERTSON_P, 1e-6)
     assert np.all(np.abs(fwd6 - np.asarray(adj6)) <= np.abs(IDAS_ASA - IDAS_FSA)), (fwd6, adj6)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import daeadjoint as dae
-from problems import oscillator
+from .problems import oscillator
 
 RTOL = 1e-8
 BOUND = 100 * RTOL

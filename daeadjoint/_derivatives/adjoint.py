@@ -50,7 +50,6 @@ import dataclasses
 from collections.abc import Callable
 
 import equinox as eqx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
@@ -58,6 +57,7 @@ from jax.flatten_util import ravel_pytree
 from .._consistency import Split, consistency_solve, split_at
 from .._core import Tangents, build_problem, run_forward
 from .._events import observations
+from .._jax_internals import unvmap_any
 from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, StepRecorder,
                            initial_state, initial_step, integrate, restore_linear_state,
                            segment_capacity)
@@ -143,7 +143,7 @@ def discrete_fallback(adjoint: Adjoint, config, inputs, rec, ct, wanted, out, re
         jax.debug.callback(_warn_fallback, result_d == RESULTS.successful)
         return (tree_where(failed, out_d, out), RESULTS.where(failed, result_d, result))
 
-    return jax.lax.cond(eqxi.unvmap_any(failed), discrete, lambda: (out, result))
+    return jax.lax.cond(unvmap_any(failed), discrete, lambda: (out, result))
 
 
 def _warn_fallback(ok):
@@ -463,7 +463,7 @@ def observe(bw: _Backward, c: dict) -> dict:
         new = (fresh, w, c["pbar"] + banked + p_jump, steps, t, equations)
         return tree_where(jumps, new, old)
 
-    adj, w, pbar, steps, t_r, equations = jax.lax.cond(eqxi.unvmap_any(jumps), do_restart,
+    adj, w, pbar, steps, t_r, equations = jax.lax.cond(unvmap_any(jumps), do_restart,
                                                        lambda: old)
     return dict(c, obs=obs, adj=adj, w=w, pbar=pbar, adj_steps=steps, t_r=t_r,
                 equations=equations)

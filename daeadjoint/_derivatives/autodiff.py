@@ -13,7 +13,8 @@ whose transpose is the primitive `cotangent_p`,
 so `jax.jvp`/`jax.jacfwd`/`jax.linearize` run forward sensitivities and
 `jax.grad`/`jax.vjp`/`jax.jacrev` (which JAX builds by transposing the linearization)
 run the adjoint: JAX's own transformation picks the mode. Both primitives are made with
-`equinox.internal`'s filtered primitives (as lineax builds `linear_solve`), batched by
+`equinox.internal`'s filtered primitives (as lineax builds `linear_solve`; every internal
+of JAX and equinox used here comes from `_jax_internals.py`, which says why), batched by
 `create_vprim` (vmap of their rules) — except that a batch of tangents alone (`jacfwd`)
 is folded into the directions of one sensitivity integration (`batching.py`).
 
@@ -22,7 +23,7 @@ one integration, `primal_tangent_p` (the state with its sensitivities), instead 
 primal solve plus a second run re-integrating the state for `tangent_p`. When JAX
 linearizes instead (`linearize`, `grad`), the tangents are unknowns of a partial
 evaluation: then the primal solve and the linear `tangent_p` stay apart
-(`_being_linearized`; and `primal_tangent_p`'s partial-evaluation rule inlines that
+(`being_linearized`; and `primal_tangent_p`'s partial-evaluation rule inlines that
 unfused form where the solve sits inside a `jit` whose jaxpr JAX partially evaluates).
 
 Higher orders. The derivatives of L and Lᵀ with respect to x come from the augmented DAE
@@ -45,36 +46,20 @@ import dataclasses
 import functools as ft
 
 import equinox as eqx
-import equinox.internal as eqxi
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 
 from .._consistency import consistent_values, initial_sensitivities
 from .._core import Inputs, Tangents, run, run_forward, run_tangent
 from .._events import event_tangents
+from .._jax_internals import (UndefinedPrimal, being_linearized, create_vprim,
+                              filter_primitive_bind, filter_primitive_def, filter_primitive_jvp,
+                              filter_primitive_transpose, set_partial_eval_rule)
 from .._results import RESULTS, succeeded
 from .augmented import AugmentedSolver, augmented_quadrature, augmented_residual
 from .forward_sensitivity import direction_scale, sensitivity_atol
 from .tangents import (_differentiable_part, _full, _is_symbolic_zero, _nones_like, _restrict,
                        _wanted, _with_differentiable, _zero_tangent, input_tangents)
-
-# ------------------------------------------------- operands of the filtered primitives
-
-
-def _unflatten(values, static, treedef):
-    it = iter(values)
-    flat = [next(it) if s is _MISSING else s for s in static]
-    return jax.tree_util.tree_unflatten(treedef, flat)
-
-
-def _missing_marker():
-    from equinox.internal import _primitive
-    return _primitive._missing_dynamic
-
-
-_MISSING = _missing_marker()
-
 
 # ------------------------------------------------------------------------- the core
 
@@ -107,16 +92,16 @@ def _core_function(static, record: bool):
                 "options (e.g. Adjoint(rtol=..., atol=...)): wrap them in "
                 "jax.lax.stop_gradient.")
         t = input_tangents(inputs, inputs_dot)
-        if not record and not config.dense and t is not None and not _being_linearized(t):
+        if not record and not config.dense and t is not None and not being_linearized(t):
             # Pure forward mode (jvp, jacfwd): the state and its sensitivities in one run.
-            out, dots = eqxi.filter_primitive_bind(primal_tangent_p, config, inputs, t, None)
+            out, dots = filter_primitive_bind(primal_tangent_p, config, inputs, t, None)
             out_dot = jax.tree_util.tree_map(_zero_tangent, out)
             out_dot = eqx.tree_at(lambda c: (c.yd, c.qs, c.event_t, c.event_yd), out_dot, dots)
             return out, out_dot
         out, rec = _core_function(static, True)(dyn)
         out_dot = jax.tree_util.tree_map(_zero_tangent, out)
         if t is not None:
-            dots = eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, None)
+            dots = filter_primitive_bind(tangent_p, config, inputs, rec, t, None)
             out_dot = eqx.tree_at(lambda c: (c.yd, c.qs, c.event_t, c.event_yd), out_dot, dots)
         if record:
             return (out, rec), (out_dot, jax.tree_util.tree_map(_zero_tangent, rec))
@@ -126,24 +111,6 @@ def _core_function(static, record: bool):
     return core
 
 
-def _being_linearized(t) -> bool:
-    """Whether the tangents are unknowns of a partial evaluation: JAX is linearizing
-    the solve (`grad`, `vjp`, `linearize`), so the primal must be computed without
-    them (it is the linearization point) and the tangent map staged as the linear
-    `tangent_p`, which `grad` transposes into the adjoint. Looks through batching
-    (`grad` of a `vmap`ped solve)."""
-    # JAX has no public API for this: its tracer classes, from jax._src.
-    from jax._src.interpreters.batching import BatchTracer
-    from jax._src.interpreters.partial_eval import JaxprTracer
-
-    def unknown(x):
-        while isinstance(x, BatchTracer):
-            x = x.val
-        return isinstance(x, JaxprTracer) and not x.pval.is_known()
-
-    return any(unknown(x) for x in jax.tree_util.tree_leaves(t))
-
-
 # --------------------------------------- pure forward mode: the primal and L(x) ẋ at once
 
 
@@ -151,7 +118,7 @@ def _unfused(config, inputs, t, ndir):
     """What `primal_tangent_p` computes, as two computations: the primal solve (with
     its record) and the linear tangent primitive — the form JAX can linearize."""
     out, rec = solve_core(config, inputs, record=True)
-    return out, eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, ndir)
+    return out, filter_primitive_bind(tangent_p, config, inputs, rec, t, ndir)
 
 
 def _primal_tangent_impl(config, inputs, t, ndir):
@@ -211,28 +178,19 @@ def _primal_tangent_transpose(inputs_all, cts_out):
         "only used when JAX is not linearizing the solve.")
 
 
-primal_tangent_p = eqxi.create_vprim(
+primal_tangent_p = create_vprim(
     "daeadjoint_primal_tangent",
-    eqxi.filter_primitive_def(_primal_tangent_impl),
-    eqxi.filter_primitive_def(_primal_tangent_abstract),
-    eqxi.filter_primitive_jvp(_primal_tangent_jvp),
-    eqxi.filter_primitive_transpose(materialise_zeros=False)(_primal_tangent_transpose),
+    filter_primitive_def(_primal_tangent_impl),
+    filter_primitive_def(_primal_tangent_abstract),
+    filter_primitive_jvp(_primal_tangent_jvp),
+    filter_primitive_transpose(materialise_zeros=False)(_primal_tangent_transpose),
 )
 
 
-def _primal_tangent_partial_eval(trace, *tracers, treedef, static, flatten):
-    """Partial evaluation (an undetected linearization): inline the unfused form, whose
-    primal part is known and whose tangent part is the linear `tangent_p`."""
-    if all(x.pval.is_known() for x in tracers):
-        return trace.default_process_primitive(
-            primal_tangent_p, tracers, dict(treedef=treedef, static=static, flatten=flatten))
-    config, inputs, t, ndir = _unflatten(tracers, static, treedef)
-    with jax.extend.core.set_current_trace(trace):
-        return flatten(_unfused(config, inputs, t, ndir))
-
-
-jax.interpreters.partial_eval.custom_partial_eval_rules[primal_tangent_p] = \
-    _primal_tangent_partial_eval
+# Partial evaluation (a linearization `being_linearized` could not see: a solve in a
+# `jit` whose jvp JAX partially evaluates): inline the unfused form, whose primal part is
+# known and whose tangent part is the linear `tangent_p`.
+set_partial_eval_rule(primal_tangent_p, _unfused)
 
 
 # ------------------------------------------------------- the augmented system T(x, u)
@@ -343,11 +301,11 @@ def _tangent_jvp(primals, tangents):
     x_dot = None if inputs_dot is None else input_tangents(inputs, inputs_dot)
     t_dot = _tangents_or_none(t_dot)
     if x_dot is None:
-        out = eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, ndir)
+        out = filter_primitive_bind(tangent_p, config, inputs, rec, t, ndir)
         if t_dot is None:
             return out, None
         t_dot = _restrict(_full(inputs, t_dot, _lead(ndir)), _wanted(t))
-        return out, eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t_dot, ndir)
+        return out, filter_primitive_bind(tangent_p, config, inputs, rec, t_dot, ndir)
     xd = _differentiable_part(inputs)
     xd_dot = _full(inputs, x_dot)
     xd_dot = (xd_dot.t0, xd_dot.y0, xd_dot.yp0, xd_dot.args)
@@ -382,16 +340,16 @@ def _only_linear(operand, cot):
     """Cotangents for the leaves of `operand` that are linear (UndefinedPrimal) only:
     JAX allows none for the defined ones (e.g. zeros a JVP rule materialized)."""
     return jax.tree_util.tree_map(
-        lambda o, c: c if isinstance(o, jax.interpreters.ad.UndefinedPrimal) else None,
-        operand, cot, is_leaf=lambda x: isinstance(x, jax.interpreters.ad.UndefinedPrimal))
+        lambda o, c: c if isinstance(o, UndefinedPrimal) else None,
+        operand, cot, is_leaf=lambda x: isinstance(x, UndefinedPrimal))
 
 
 def _linear_fields(t) -> Tangents:
     """Marker of the fields of `t` with at least one linear (UndefinedPrimal) leaf."""
     def linear(x):
-        return any(isinstance(v, jax.interpreters.ad.UndefinedPrimal)
+        return any(isinstance(v, UndefinedPrimal)
                    for v in jax.tree_util.tree_leaves(
-                       x, is_leaf=lambda v: isinstance(v, jax.interpreters.ad.UndefinedPrimal)))
+                       x, is_leaf=lambda v: isinstance(v, UndefinedPrimal)))
     return Tangents(**{f: (True if getattr(t, f) is not None and linear(getattr(t, f)) else None)
                        for f in ("t0", "y0", "yp0", "args")})
 
@@ -402,18 +360,18 @@ def _tangent_transpose(inputs_all, cts_out):
     shapes = _tangent_abstract(config, inputs, rec, t, ndir)
     cts = tuple(jnp.zeros(sh.shape, sh.dtype) if c is None else c
                 for c, sh in zip(cts_out, shapes))
-    cot = eqxi.filter_primitive_bind(cotangent_p, config, inputs, rec, cts, wanted, ndir)
+    cot = filter_primitive_bind(cotangent_p, config, inputs, rec, cts, wanted, ndir)
     cot = Tangents(**{f: (None if getattr(t, f) is None else _only_linear(getattr(t, f), getattr(cot, f)))
                       for f in ("t0", "y0", "yp0", "args")})
     return _nones_like(config), _nones_like(inputs), _nones_like(rec), cot, None
 
 
-tangent_p = eqxi.create_vprim(
+tangent_p = create_vprim(
     "daeadjoint_tangent",
-    eqxi.filter_primitive_def(_tangent_impl),
-    eqxi.filter_primitive_def(_tangent_abstract),
-    eqxi.filter_primitive_jvp(_tangent_jvp),
-    eqxi.filter_primitive_transpose(materialise_zeros=False)(_tangent_transpose),
+    filter_primitive_def(_tangent_impl),
+    filter_primitive_def(_tangent_abstract),
+    filter_primitive_jvp(_tangent_jvp),
+    filter_primitive_transpose(materialise_zeros=False)(_tangent_transpose),
 )
 
 
@@ -448,13 +406,13 @@ def _cotangent_jvp(primals, tangents):
     config, inputs, rec, ct, wanted, ndir = primals
     _, inputs_dot, _, ct_dot, _, _ = tangents
     x_dot = None if inputs_dot is None else input_tangents(inputs, inputs_dot)
-    out = eqxi.filter_primitive_bind(cotangent_p, config, inputs, rec, ct, wanted, ndir)
+    out = filter_primitive_bind(cotangent_p, config, inputs, rec, ct, wanted, ndir)
     out_dot = None
     if ct_dot is not None and any(c is not None for c in ct_dot):
         ct_dot = tuple(jnp.zeros_like(c) if d is None else d for c, d in zip(ct, ct_dot))
-        out_dot = eqxi.filter_primitive_bind(cotangent_p, config, inputs, rec, ct_dot, wanted, ndir)
+        out_dot = filter_primitive_bind(cotangent_p, config, inputs, rec, ct_dot, wanted, ndir)
     if x_dot is not None:
-        h = eqxi.filter_primitive_bind(hessian_p, config, inputs, ct, x_dot, wanted, ndir)
+        h = filter_primitive_bind(hessian_p, config, inputs, ct, x_dot, wanted, ndir)
         out_dot = h if out_dot is None else jax.tree_util.tree_map(jnp.add, out_dot, h)
     return out, out_dot
 
@@ -466,18 +424,18 @@ def _cotangent_transpose(inputs_all, cts_out):
     if t is None:
         return (*nones, _nones_like(ct), _nones_like(wanted), None)
     t = _restrict(_full(inputs, t, _lead(ndir)), wanted)
-    out = eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, ndir)
-    out = tuple(o if isinstance(c, jax.interpreters.ad.UndefinedPrimal) else None
+    out = filter_primitive_bind(tangent_p, config, inputs, rec, t, ndir)
+    out = tuple(o if isinstance(c, UndefinedPrimal) else None
                 for o, c in zip(out, ct))
     return (*nones, out, _nones_like(wanted), None)
 
 
-cotangent_p = eqxi.create_vprim(
+cotangent_p = create_vprim(
     "daeadjoint_cotangent",
-    eqxi.filter_primitive_def(_cotangent_impl),
-    eqxi.filter_primitive_def(_cotangent_abstract),
-    eqxi.filter_primitive_jvp(_cotangent_jvp),
-    eqxi.filter_primitive_transpose(materialise_zeros=False)(_cotangent_transpose),
+    filter_primitive_def(_cotangent_impl),
+    filter_primitive_def(_cotangent_abstract),
+    filter_primitive_jvp(_cotangent_jvp),
+    filter_primitive_transpose(materialise_zeros=False)(_cotangent_transpose),
 )
 
 
@@ -515,11 +473,11 @@ def _hessian_jvp(primals, tangents):
     config, inputs, ct, x_dot, wanted, ndir = primals
     _, inputs_dot, ct_dot, x_dot_dot, _, _ = tangents
     x2 = None if inputs_dot is None else input_tangents(inputs, inputs_dot)
-    out = eqxi.filter_primitive_bind(hessian_p, config, inputs, ct, x_dot, wanted, ndir)
+    out = filter_primitive_bind(hessian_p, config, inputs, ct, x_dot, wanted, ndir)
     terms = []
     if x_dot_dot is not None and _tangents_or_none(x_dot_dot) is not None:
         xdd = _restrict(_full(inputs, x_dot_dot), _wanted(x_dot))
-        terms.append(eqxi.filter_primitive_bind(hessian_p, config, inputs, ct, xdd, wanted, ndir))
+        terms.append(filter_primitive_bind(hessian_p, config, inputs, ct, xdd, wanted, ndir))
     if x2 is not None or (ct_dot is not None and any(c is not None for c in ct_dot)):
         ctd = (jax.tree_util.tree_map(jnp.zeros_like, ct) if ct_dot is None else
                tuple(jnp.zeros_like(c) if d is None else d for c, d in zip(ct, ct_dot)))
@@ -546,12 +504,12 @@ def _hessian_transpose(inputs_all, cts_out):
     fields = _linear_fields(x_dot)
     if ndir is None:
         w = _full(inputs, w)
-        out = eqxi.filter_primitive_bind(hessian_p, config, inputs, ct, w, fields, None)
+        out = filter_primitive_bind(hessian_p, config, inputs, ct, w, fields, None)
     else:
         # A batch of cotangents ȳ_i shares δx: the transpose is Σ_i H(x, ȳ_i) w_i
         # (`jacrev` of `jacrev`, whose inner cotangents were folded into ndir).
         w = _full(inputs, w, (ndir,))
-        outs = jax.vmap(lambda c, wi: eqxi.filter_primitive_bind(
+        outs = jax.vmap(lambda c, wi: filter_primitive_bind(
             hessian_p, config, inputs, c, wi, fields, None))(ct, w)
         out = jax.tree_util.tree_map(lambda x: jnp.sum(x, axis=0), outs)
     out = Tangents(**{f: (None if getattr(x_dot, f) is None else _only_linear(getattr(x_dot, f), getattr(out, f)))
@@ -559,10 +517,10 @@ def _hessian_transpose(inputs_all, cts_out):
     return (*nones, out, _nones_like(wanted), None)
 
 
-hessian_p = eqxi.create_vprim(
+hessian_p = create_vprim(
     "daeadjoint_hessian",
-    eqxi.filter_primitive_def(_hessian_impl),
-    eqxi.filter_primitive_def(_hessian_abstract),
-    eqxi.filter_primitive_jvp(_hessian_jvp),
-    eqxi.filter_primitive_transpose(materialise_zeros=False)(_hessian_transpose),
+    filter_primitive_def(_hessian_impl),
+    filter_primitive_def(_hessian_abstract),
+    filter_primitive_jvp(_hessian_jvp),
+    filter_primitive_transpose(materialise_zeros=False)(_hessian_transpose),
 )

@@ -2,15 +2,15 @@
 (tangents under `jacfwd`, cotangents under `jacrev`, directions of a Hessian-vector
 product) is folded into the directions of one integration; anything else is vmapped as
 `equinox.internal.create_vprim` would. Importing this module installs the rules (`_solve`
-imports it)."""
+imports it); replacing a primitive's batching rule is one of the internals of JAX that
+`_jax_internals.py` gathers."""
 
-import equinox.internal as eqxi
 import jax
-import jax.interpreters.batching as batching
 import jax.numpy as jnp
 
-from .autodiff import (_MISSING, _unflatten, _unfused, cotangent_p, hessian_p,
-                       primal_tangent_p, tangent_p)
+from .._jax_internals import (MISSING, batching_rule, filter_primitive_bind, set_batching_rule,
+                              unflatten_operands)
+from .autodiff import _unfused, cotangent_p, hessian_p, primal_tangent_p, tangent_p
 
 # ------------------------------------------------------------------- batching rules
 
@@ -18,11 +18,11 @@ from .autodiff import (_MISSING, _unflatten, _unfused, cotangent_p, hessian_p,
 def _dims_tree(dims, static, treedef):
     """The operands' batch axes as their pytree: None at every static (non-array) leaf,
     so that only the array operands count as batched."""
-    return _unflatten(dims, [x if x is _MISSING else None for x in static], treedef)
+    return unflatten_operands(dims, [x if x is MISSING else None for x in static], treedef)
 
 
-_vprim_rules = {p: batching.fancy_primitive_batchers[p]
-                for p in (tangent_p, cotangent_p, hessian_p, primal_tangent_p)}
+# equinox's rules (vmap of the primitives' rules), read before they are replaced below.
+_vprim_rules = {p: batching_rule(p) for p in (tangent_p, cotangent_p, hessian_p, primal_tangent_p)}
 # Which operand of each primitive is linear (tangent, cotangent, direction).
 _LINEAR = {tangent_p: 3, cotangent_p: 3, hessian_p: 3, primal_tangent_p: 2}
 
@@ -42,7 +42,7 @@ def _vmapped(prim, axis_data, vals, dims, params):
         out = prim.bind(*vals, **params)
         return [o[None] for o in out], [0] * len(out)
     counter = iter(range(len(vals)))
-    flat_idx = [next(counter) if s is _MISSING else None for s in params["static"]]
+    flat_idx = [next(counter) if s is MISSING else None for s in params["static"]]
     tree_idx = jax.tree_util.tree_unflatten(params["treedef"], flat_idx)
     vals, dims = list(vals), list(dims)
     for i in jax.tree_util.tree_leaves(tree_idx[_LINEAR[prim]]):
@@ -77,7 +77,7 @@ def _tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
     if all(d is None for d in dims):
         out = tangent_p.bind(*vals, treedef=treedef, static=static, flatten=flatten)
         return out, [None] * len(out)
-    inputs_all = _unflatten(vals, static, treedef)
+    inputs_all = unflatten_operands(vals, static, treedef)
     dims_all = _dims_tree(dims, static, treedef)
     config_d, inputs_d, rec_d, t_d, _ = dims_all
     others = jax.tree_util.tree_leaves((config_d, inputs_d, rec_d))
@@ -87,7 +87,7 @@ def _tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
     config, inputs, rec, t, ndir = inputs_all
     b = axis_data.size
     t, new_ndir = _fold_directions(t, t_d, b, ndir)
-    out = eqxi.filter_primitive_bind(tangent_p, config, inputs, rec, t, new_ndir)
+    out = filter_primitive_bind(tangent_p, config, inputs, rec, t, new_ndir)
     out = _unfold_directions(out, b, ndir)
     out_dims = jax.tree_util.tree_map(lambda _: 0, out)
     return flatten(out, out_dims)
@@ -100,7 +100,7 @@ def _primal_tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
     if all(d is None for d in dims):
         out = primal_tangent_p.bind(*vals, **params)
         return out, [None] * len(out)
-    config, inputs, t, ndir = _unflatten(vals, static, treedef)
+    config, inputs, t, ndir = unflatten_operands(vals, static, treedef)
     dims_all = _dims_tree(dims, static, treedef)
     if any(d is not None for d in jax.tree_util.tree_leaves(dims_all[:2])):
         # Batched primals: vmap the unfused form. (A vmapped fused run could not be
@@ -111,7 +111,7 @@ def _primal_tangent_batch(axis_data, vals, dims, *, treedef, static, flatten):
         return flatten(out, jax.tree_util.tree_map(lambda _: 0, out))
     b = axis_data.size
     t, new_ndir = _fold_directions(t, dims_all[2], b, ndir)
-    core, dots = eqxi.filter_primitive_bind(primal_tangent_p, config, inputs, t, new_ndir)
+    core, dots = filter_primitive_bind(primal_tangent_p, config, inputs, t, new_ndir)
     dots = _unfold_directions(dots, b, ndir)
     out_dims = (jax.tree_util.tree_map(lambda _: None, core),
                 jax.tree_util.tree_map(lambda _: 0, dots))
@@ -127,7 +127,7 @@ def _fold_batch(prim, linear: int):
         if all(d is None for d in dims):
             out = prim.bind(*vals, treedef=treedef, static=static, flatten=flatten)
             return out, [None] * len(out)
-        inputs_all = _unflatten(vals, static, treedef)
+        inputs_all = unflatten_operands(vals, static, treedef)
         dims_all = _dims_tree(dims, static, treedef)
         others = jax.tree_util.tree_leaves(dims_all[:linear] + dims_all[linear + 1:-1])
         if any(d is not None for d in others):
@@ -137,7 +137,7 @@ def _fold_batch(prim, linear: int):
         ndir = inputs_all[-1]
         lin, new_ndir = _fold_directions(inputs_all[linear], dims_all[linear], b, ndir)
         args = inputs_all[:linear] + (lin,) + inputs_all[linear + 1:-1] + (new_ndir,)
-        out = _unfold_directions(eqxi.filter_primitive_bind(prim, *args), b, ndir)
+        out = _unfold_directions(filter_primitive_bind(prim, *args), b, ndir)
         return flatten(out, jax.tree_util.tree_map(lambda _: 0, out))
     return rule
 
@@ -149,7 +149,7 @@ def _fallback_batch(prim):
     return rule
 
 
-batching.fancy_primitive_batchers[tangent_p] = _tangent_batch
-batching.fancy_primitive_batchers[primal_tangent_p] = _primal_tangent_batch
-batching.fancy_primitive_batchers[cotangent_p] = _fold_batch(cotangent_p, 3)
-batching.fancy_primitive_batchers[hessian_p] = _fallback_batch(hessian_p)
+set_batching_rule(tangent_p, _tangent_batch)
+set_batching_rule(primal_tangent_p, _primal_tangent_batch)
+set_batching_rule(cotangent_p, _fold_batch(cotangent_p, 3))
+set_batching_rule(hessian_p, _fallback_batch(hessian_p))

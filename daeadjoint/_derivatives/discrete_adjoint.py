@@ -282,7 +282,7 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
     _, vjp0 = jax.vjp(from_inputs, inputs.y0, inputs.yp0, p_flat)
     ybar0, ypbar0, pb0 = jax.vmap(vjp0)((phi_bar, phiq_bar))
     p_bar = p_bar + pb0
-    # The init semantics of DESIGN.md §1: what the initialization recomputes (or, with
+    # The `init` semantics (`solve`'s docstring): what the initialization recomputes (or, with
     # init=None, what consistency determines) gets zero cotangent.
     split = split_at(config.auto_split, config.residual, t0, y0c, yp0c, inputs.args, a)
     if config.init == "y":

@@ -130,8 +130,8 @@ class Sparsity:
 
 # ------------------------------------------------------------------ detection
 
-# Detection costs a trace of the residual plus index-set propagation (≈0.1 s at n = 1764,
-# ≈0.5 s at n = 10⁴); `solve` detects once per residual, shapes and static arguments.
+# Detection costs a trace of the residual plus index-set propagation (growing with n and
+# the program's size); `solve` detects once per residual, shapes and static arguments.
 _CACHE: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
 
 
@@ -152,11 +152,14 @@ def detect_sparsity(residual: Callable, t, y, yp, args) -> Sparsity:
     n = y.shape[0]
     dynamic, static = eqx.partition(args, eqx.is_array)
     leaves = jax.tree_util.tree_leaves(dynamic)
+    static_key = _static_key(static)
     key = (n, str(y.dtype), jax.tree_util.tree_structure(dynamic),
-           tuple((x.shape, str(x.dtype)) for x in leaves), _static_key(static))
+           tuple((x.shape, str(x.dtype)) for x in leaves), static_key)
     try:
-        per_fn = _CACHE.setdefault(residual, {})
-    except TypeError:           # not weak-referenceable: no caching
+        # Keyed by the function object itself (held weakly): never by its `id`, which a
+        # later function may reuse once this one is garbage-collected.
+        per_fn = {} if static_key is None else _CACHE.setdefault(residual, {})
+    except TypeError:           # not hashable or not weak-referenceable: no caching
         per_fn = {}
     if key in per_fn:
         return per_fn[key]
@@ -194,11 +197,16 @@ def detect_sparsity(residual: Callable, t, y, yp, args) -> Sparsity:
 
 
 def _static_key(static):
+    """The non-array part of `args` as a cache key equal to another only when the two are
+    equal: its tree structure and leaves (held by the key, so a later object can never be
+    mistaken for them), or None — do not cache — when they are not hashable."""
+    leaves, treedef = jax.tree_util.tree_flatten(static)
+    key = (treedef, tuple(leaves))
     try:
-        hash(static)
-        return static
+        hash(key)
     except TypeError:
-        return id(static)
+        return None
+    return key
 
 
 # ------------------------------------------------------------------ colouring

@@ -25,11 +25,10 @@ solves run, and `is_singular` reports the status.
 """
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
-from jax.interpreters import ad, batching, mlir
 
+from .._jax_internals import Primitive, ad, batching, mlir
 from .jacobian import Sparsity
 
 
@@ -90,7 +89,7 @@ def klu_singular(sparsity: Sparsity, values) -> jax.Array:
 # ------------------------------------------------------------------ the solve primitive
 
 
-klu_solve_p = jax.extend.core.Primitive("daeadjoint_klu_solve")
+klu_solve_p = Primitive("daeadjoint_klu_solve")
 
 
 def klu_solve(plan, values, rhs, transpose: bool = False):

@@ -1,4 +1,5 @@
-"""R5: 2-D heat equation with 1766 parameters (Li & Petzold, DASPKADJOINT, §7.1.1, Table 1)."""
+"""The gradient of the 2-D heat equation with 1766 parameters (R5: Li & Petzold,
+DASPKADJOINT, §7.1.1, Table 1) by the continuous adjoint, against the paper's table."""
 
 import jax
 import jax.numpy as jnp
@@ -42,9 +43,8 @@ def solve_heat(p, u0):
 def test_heat_1766_parameter_gradient():
     """The paper's Table 1 numbers −15.2178 (forward −15.21783, adjoint −15.21794) and
     −2.72675, each from one gradient call that also returns all 1764 initial-value
-    sensitivities. NOTE: REFERENCE_VALUES.md (following the table's column order) calls
-    them dg1/dp1 and dg2/dp1, but with g1 = Σu²(T) and g2 = ∫Σu dt it is the other way
-    round: with the slowest mode λ = π²(p1 + p2), Σu²(T) ≈ 0.9 changes by
+    sensitivities. Read in the table's column order they would be dg1/dp1 and dg2/dp1,
+    but with g1 = Σu²(T) and g2 = ∫Σu dt it is the other way round: with the slowest mode λ = π²(p1 + p2), Σu²(T) ≈ 0.9 changes by
     ≈ −2π²T·0.9 ≈ −2.8 per unit p1, and ∫Σu by ≈ −15.7. So d(Σu²(T))/dp1 ≈ −2.72675 and
     d(∫Σu)/dp1 ≈ −15.2178. These are the derivatives of the semi-discrete problem: our
     `jax.jacfwd` at rtol = atol = 1e-9 gives −2.726758 and −15.217818 (3e-6 from the

@@ -1,4 +1,6 @@
-"""Every failure path of DESIGN.md §4 (initialization: tests/test_initialization.py)."""
+"""Failure paths: bad input rejected before tracing with an error naming the argument,
+float32 handling, and failures under `jit` reported by a status (`sol.result`) with the
+partial solution (failures of the initialization: tests/test_initialization.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +8,7 @@ import numpy as np
 import pytest
 
 import daeadjoint as dae
-from problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, robertson
+from .problems import ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, robertson
 
 ROB_ATOL = jnp.array([1e-8, 1e-6, 1e-6])
 

@@ -1,0 +1,205 @@
+"""The assumptions `daeadjoint/_jax_internals.py` makes about JAX's and equinox's
+internals, checked on toy primitives (no solve, a second or two): after an upgrade of
+jax or equinox, a failure here names the internal that changed, where the solver's own
+tests would fail somewhere inside a gradient.
+
+The toy: f(x) = 3x as a `jax.custom_jvp` whose forward mode, like the solve's, fuses the
+primal and its tangent into one primitive `fused_p` unless `being_linearized`, in which
+case it uses the primal primitive `scale_p` and the linear primitive `linear_p` (whose
+transpose is the only one defined)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from daeadjoint import _jax_internals as ji
+
+SCALE = 3.0
+
+
+def _shaped(x):
+    return jax.core.ShapedArray(jnp.shape(x), jnp.result_type(x))
+
+
+def _primitive(name, impl, jvp, transpose):
+    def abstract(*args):
+        return tuple(_shaped(o) for o in jax.eval_shape(impl, *args))
+    return ji.create_vprim(name, ji.filter_primitive_def(impl), ji.filter_primitive_def(abstract),
+                           ji.filter_primitive_jvp(jvp),
+                           ji.filter_primitive_transpose(materialise_zeros=False)(transpose))
+
+
+def _linear_jvp(primals, tangents):
+    x, s = primals
+    dx, _ = tangents
+    return (ji.filter_primitive_bind(linear_p, x, s),
+            None if dx is None else ji.filter_primitive_bind(linear_p, dx, s))
+
+
+def _linear_transpose(inputs, cts):
+    x, s = inputs
+    assert isinstance(x, ji.UndefinedPrimal), "the linear operand is not an UndefinedPrimal"
+    (ct,) = cts
+    return s * ct, None
+
+
+def _scale_jvp(primals, tangents):
+    x, s = primals
+    dx, _ = tangents
+    return (ji.filter_primitive_bind(scale_p, x, s),
+            None if dx is None else ji.filter_primitive_bind(linear_p, dx, s))
+
+
+def _not_transposable(inputs, cts):
+    raise NotImplementedError("the primal or fused primitive was transposed")
+
+
+linear_p = _primitive("test_internals_linear", lambda x, s: (s * x,), _linear_jvp,
+                      _linear_transpose)
+scale_p = _primitive("test_internals_scale", lambda x, s: (s * x,), _scale_jvp,
+                     _not_transposable)
+
+inlined = []
+
+
+def _unfused(x, dx, s):
+    inlined.append(True)
+    (y,) = ji.filter_primitive_bind(scale_p, x, s)
+    (dy,) = ji.filter_primitive_bind(linear_p, dx, s)
+    return y, dy
+
+
+def _fused_jvp(primals, tangents):
+    x, dx, s = primals
+    tx, tdx, _ = tangents
+    out = _unfused(x, dx, s)
+    return out, (None if tx is None else ji.filter_primitive_bind(linear_p, tx, s)[0],
+                 None if tdx is None else ji.filter_primitive_bind(linear_p, tdx, s)[0])
+
+
+fused_p = _primitive("test_internals_fused", lambda x, dx, s: (s * x, s * dx), _fused_jvp,
+                     _not_transposable)
+ji.set_partial_eval_rule(fused_p, _unfused)
+
+seen_linearized = []
+
+
+@jax.custom_jvp
+def f(x):
+    return SCALE * x
+
+
+@f.defjvp
+def _f_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    linearized = ji.being_linearized(dx)
+    seen_linearized.append(linearized)
+    if linearized:
+        return _unfused(x, dx, SCALE)
+    y, dy = ji.filter_primitive_bind(fused_p, x, dx, SCALE)
+    return y, dy
+
+
+def _record(fn, *args):
+    seen_linearized.clear()
+    inlined.clear()
+    return fn(*args), list(seen_linearized), list(inlined)
+
+
+X = jnp.array([1.0, -2.0])
+
+
+def test_filtered_primitive_encoding():
+    """`filter_primitive_bind` passes the array leaves as the primitive's operands and the
+    rest in `static` (arrays marked `MISSING`), with `treedef` and `flatten`:
+    `unflatten_operands` must rebuild the operands from them."""
+    jaxpr = jax.make_jaxpr(lambda x: ji.filter_primitive_bind(scale_p, x, SCALE))(X)
+    (eqn,) = [e for e in jaxpr.eqns if e.primitive is scale_p]
+    assert set(eqn.params) == {"treedef", "static", "flatten"}, (
+        f"equinox's filtered primitives changed their parameters: {sorted(eqn.params)}")
+    static = eqn.params["static"]
+    assert [s is ji.MISSING for s in static] == [True, False], (
+        "equinox's filtered primitives no longer mark array operands with "
+        "equinox.internal._primitive._missing_dynamic")
+    x, s = ji.unflatten_operands(["array"], static, eqn.params["treedef"])
+    assert (x, s) == ("array", SCALE)
+
+
+def test_being_linearized_tells_linearization_from_forward_mode():
+    """Forward mode (`jvp`) sees known tangents; `grad`, `linearize` and `grad`
+    of a `vmap` see unknowns of a partial evaluation (JAX's JaxprTracer, possibly inside
+    a BatchTracer)."""
+    cases = {
+        "jvp": (lambda x: jax.jvp(f, (x,), (jnp.ones_like(x),))[1], False),
+        "grad": (jax.grad(lambda x: f(x).sum()), True),
+        "linearize": (lambda x: jax.linearize(f, x)[1](jnp.ones_like(x)), True),
+        "grad of vmap": (jax.grad(lambda x: jax.vmap(f)(x).sum()), True),
+    }
+    for name, (fn, expected) in cases.items():
+        _, seen, _ = _record(fn, X)
+        assert seen and all(s == expected for s in seen), (
+            f"being_linearized under {name}: {seen}, expected {expected} (jax's tracer "
+            "classes BatchTracer/JaxprTracer or their `val`/`pval` changed)")
+
+
+def test_derivatives_through_the_fused_primitive():
+    """The values: forward mode through the fused primitive, reverse mode through the
+    linear one (d(3x)/dx = 3; the toy's fused primitive has no batching rule of its own,
+    so `jacfwd` is left to the solver's tests)."""
+    np.testing.assert_array_equal(jax.jvp(f, (X,), (jnp.ones_like(X),))[1], SCALE)
+    np.testing.assert_array_equal(jax.grad(lambda x: f(x).sum())(X), SCALE)
+
+
+def test_partial_eval_rule_inlines_the_unfused_form():
+    """`grad` of a `jit`: JAX traces the jitted jvp with known tangents (the fused run is
+    chosen), then partially evaluates it; the custom partial-evaluation rule must replace
+    the fused primitive by its unfused form, or `grad` fails ("Linearization failed to
+    produce known values")."""
+    g, seen, inlined_now = _record(jax.grad(jax.jit(lambda x: f(x).sum())), X)
+    assert seen == [False], f"expected the fused run to be chosen inside jit, saw {seen}"
+    assert inlined_now, "the custom partial-evaluation rule was not called"
+    np.testing.assert_array_equal(g, SCALE)
+
+
+def test_batching_rules_can_be_read_and_replaced():
+    """equinox's rule is installed in `fancy_primitive_batchers` (read by `batching_rule`),
+    called as rule(axis_data, values, dims, **params) with `axis_data.size`."""
+    prim = _primitive("test_internals_batched", lambda x, s: (s * x,), _linear_jvp,
+                      _linear_transpose)
+    vprim_rule = ji.batching_rule(prim)
+    sizes = []
+
+    def rule(axis_data, vals, dims, **params):
+        sizes.append(axis_data.size)
+        return vprim_rule(axis_data, vals, dims, **params)
+
+    ji.set_batching_rule(prim, rule)
+    out = jax.vmap(lambda x: ji.filter_primitive_bind(prim, x, SCALE)[0])(jnp.arange(5.0))
+    assert sizes == [5], f"the replaced batching rule was called with sizes {sizes}"
+    np.testing.assert_array_equal(out, SCALE * np.arange(5.0))
+
+
+def test_unvmap_any_keeps_a_branch_under_vmap():
+    """A `lax.cond` on `unvmap_any(p)` stays a conditional under `vmap` (a batched
+    predicate would turn it into a `select` that runs both branches), and is true for
+    the whole batch if any member's predicate is."""
+    def g(p, x):
+        return jax.lax.cond(ji.unvmap_any(p), lambda: x + 1.0, lambda: x)
+
+    batched = jax.vmap(g)
+    prims = {e.primitive.name for e in jax.make_jaxpr(batched)(jnp.array([False, True]), X).eqns}
+    assert "cond" in prims, f"unvmap_any's predicate was batched: {sorted(prims)}"
+    np.testing.assert_array_equal(batched(jnp.array([False, True]), X), X + 1.0)
+    np.testing.assert_array_equal(batched(jnp.array([False, False]), X), X)
+
+
+@pytest.mark.parametrize("table", ["ad.primitive_jvps", "ad.primitive_transposes",
+                                   "batching.primitive_batchers", "mlir.register_lowering",
+                                   "mlir.lower_fun", "ad.Zero", "ad.is_undefined_primal"])
+def test_primitive_definition_api(table):
+    """What the band LU and KLU primitives are registered with (`_linalg/`)."""
+    module, name = table.split(".")
+    assert hasattr(getattr(ji, module), name), (
+        f"jax.interpreters.{table} is gone: the band LU and KLU primitives cannot be "
+        "registered (see daeadjoint/_jax_internals.py, item 6)")
