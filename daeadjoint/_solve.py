@@ -23,14 +23,13 @@ from ._derivatives.autodiff import solve_core
 from ._derivatives.discrete_adjoint import DiscreteAdjoint
 from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
-from ._initialization import SUCCESS, failure_messages, message_index
-from ._linalg.krylov import Preconditioner
+from ._initialization import SUCCESS, InitMode, failure_messages, message_index
 from ._linalg.linear_solver import AbstractLinearSolver
 from ._linalg.sparse import default_linear_solver
 from ._results import RESULTS, succeeded
-from ._solution import Solution
-from ._validation import (_check_breakpoints, _check_event, _check_inputs, _check_step_options,
-                          _concrete, _snap_saveat)
+from ._solution import EventRoots, Solution
+from ._validation import (_check_breakpoints, _check_event, _check_inputs, _check_linear_solver,
+                          _check_sensitivity, _check_step_options, _concrete, _snap_saveat)
 
 # With more output times than this the default reverse mode is the discrete adjoint,
 # whose cost does not grow with the number of observations (the continuous adjoint
@@ -134,13 +133,11 @@ def _solve_compiled(config: Config, inputs: Inputs):
     stats = dict(core.stats)
     stats["t_final"] = core.t_final
     result = jax.tree_util.tree_map(jax.lax.stop_gradient, core.result)
-    events = {}
+    events = None
     if config.event is not None:
         stats["num_events"] = jnp.sum(jnp.isfinite(core.event_t)).astype(jnp.int32)
-        events = dict(event_ts=core.event_t, event_ys=core.event_yd[:, 0],
-                      event_yps=core.event_yd[:, 1], event_masks=core.event_mask,
-                      event_t=core.event_t[0], event_y=core.event_yd[0, 0],
-                      event_yp=core.event_yd[0, 1], event_mask=core.event_mask[0])
+        events = EventRoots(ts=core.event_t, ys=core.event_yd[:, 0], yps=core.event_yd[:, 1],
+                            masks=core.event_mask)
     sentinel = None
     if core.dense is not None:
         diff = [inputs.t0, inputs.t1, inputs.y0, inputs.yp0, inputs.saveat] + \
@@ -148,7 +145,8 @@ def _solve_compiled(config: Config, inputs: Inputs):
         sentinel = sum(0.0 * jnp.sum(x) for x in diff)
     sol = Solution(ts=inputs.saveat, ys=ys, yps=yps,
                    qs=qs if config.quadrature is not None else None,
-                   stats=stats, result=result, dense=core.dense, sentinel=sentinel, **events)
+                   stats=stats, result=result, events=events, dense=core.dense,
+                   _sentinel=sentinel)
     return sol, core.init_info
 
 
@@ -221,7 +219,7 @@ def solve(
     *,
     saveat: ArrayLike | None = None,
     algebraic: ArrayLike | None = None,
-    init: str | None = None,
+    init: InitMode | None = None,
     quadrature: Callable | None = None,
     rtol: ArrayLike | None = None,
     atol: ArrayLike = 1e-6,
@@ -353,20 +351,12 @@ def solve(
     dtype = y0.dtype
     if sensitivity is None:
         sensitivity = Adjoint() if saveat.shape[0] <= MANY_OBSERVATIONS else DiscreteAdjoint()
-    if not isinstance(sensitivity, (Adjoint, DiscreteAdjoint)):
-        raise TypeError("`sensitivity` must be daeadjoint.Adjoint() or "
-                        f"daeadjoint.DiscreteAdjoint(), got {sensitivity!r}.")
+    _check_sensitivity(sensitivity)
     if forward_sensitivity is None:
         forward_sensitivity = ForwardSensitivity()
     if linear_solver is None:
         linear_solver = default_linear_solver(residual, t0, y0, yp0, args)
-    if not isinstance(linear_solver, AbstractLinearSolver):
-        raise TypeError("`linear_solver` must be a daeadjoint linear solver (e.g. "
-                        f"daeadjoint.DenseLU()), got {linear_solver!r}.")
-    if isinstance(linear_solver, Preconditioner):
-        raise TypeError("`linear_solver` is a daeadjoint.Preconditioner, which only "
-                        "approximates the iteration matrix: use it through "
-                        "linear_solver=daeadjoint.Krylov(preconditioner=...).")
+    _check_linear_solver(linear_solver)
     linear_solver = linear_solver.prepare(residual, t0, y0, yp0, args)
     nq = 0
     if quadrature is not None:
