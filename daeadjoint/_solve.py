@@ -264,7 +264,8 @@ def solve(
     - `args`: any pytree passed to `residual` (and `quadrature`), e.g. an `eqx.nn.MLP`:
       its inexact arrays are differentiable, everything else is static.
     - `saveat`: sorted 1-D array of output times in [t0, t1] (times within 4·eps of
-      either end count as that end); default `[t1]`. Outputs come from the BDF
+      either end count as that end); default `[t1]`. The times themselves, not an
+      object like diffrax's `SaveAt` (whose other options are `steps=` and `dense=`). Outputs come from the BDF
       interpolating polynomial; steps are not forced onto them.
     - `algebraic`: bool mask, True where y_i is algebraic (F does not depend on y'_i).
       Checked: column i of F_y' must be zero at t0 and at each Jacobian setup, else
@@ -278,14 +279,18 @@ def solve(
       (compute all of y0 from y'0).
     - `quadrature`: `q(t, y, yp, args) -> 1-D array`; `sol.qs[i]` = ∫_{t0}^{ts[i]} q dt.
       Quadratures are corrected after each step, never inside Newton; they enter the error
-      test only with `quad_error_control=True` (tolerances `quad_rtol`, `quad_atol`,
-      defaulting to `rtol`, `atol`).
+      test only with `quad_error_control=True` (IDAS's errconQ; tolerances `quad_rtol`,
+      `quad_atol`, defaulting to `rtol`, `atol`). The adjoint's gradient quadrature has
+      its own switch, `Adjoint(quad_error_control=...)`.
     - `rtol`, `atol`: error weights W_i = 1/(rtol |y_i| + atol_i); atol scalar or (n,).
       Default rtol: 1e-6 in float64, 1e-4 in float32 (whose smallest accepted rtol is
       100·eps = 1.2e-5); default atol 1e-6. An atol_i of 0 needs y0_i ≠ 0.
-    - `max_steps`: give up (status `max_steps_reached`) after this many steps.
+    - `max_steps`: give up (status `max_steps_reached`) after this many steps. A
+      positive integer, never None: the checkpoint and step buffers are sized by it.
     - `sensitivity`: how reverse-mode derivatives are computed: `Adjoint()` (the
-      continuous adjoint DAE) or `DiscreteAdjoint()` (the adjoint of the recorded steps).
+      continuous adjoint DAE; diffrax's `BacksolveAdjoint` is the same idea) or
+      `DiscreteAdjoint()` (the adjoint of the recorded steps, like diffrax's
+      `RecursiveCheckpointAdjoint`).
       None (default) chooses: `Adjoint()` for up to 32 output times, `DiscreteAdjoint()`
       for more (its cost does not grow with the number of observations).
     - `forward_sensitivity`: options of forward mode, `ForwardSensitivity()` by default
@@ -310,18 +315,20 @@ def solve(
       `SparseLU()`, …). Default None: `default_linear_solver` — `DenseLU()` up to 100
       unknowns (so small problems are unchanged), above that `SparseLU` with the
       sparsity pattern detected from the residual's program (`DenseLU()` if it is
-      dense or cannot be detected). Pass a solver to override it; for very large systems
-      `Krylov(preconditioner=...)` (matrix-free GMRES; see the linear solvers page).
+      dense or cannot be detected). Pass a daeadjoint solver to override it (not a
+      lineax one: these build and factor the iteration matrix from the residual); for
+      very large systems `Krylov(preconditioner=...)` (matrix-free GMRES; see the
+      linear solvers page).
     - `constraints`: int array like y0 (IDASetConstraints): 0 none, 1 y ≥ 0, 2 y > 0,
       −1 y ≤ 0, −2 y < 0. After each Newton solve a violating step is projected back if
       the violation is below the Newton tolerance, else redone with a smaller step (IDAS
       §6.2.2.4); consistent initialization (`init=`) enforces them too. y0 must satisfy
       them.
     - `event`: `Event(cond, terminal=True, direction=0)`: locate the roots of
-      `cond(t, y, yp, args)` on the dense output (IDAS §6.2.4); `sol.event_t`, `event_y`,
-      `event_yp`, `event_mask`. A terminal event stops the solve there (status
-      `RESULTS.event`, a success; later output rows are `inf`). Event times and states
-      are differentiable in every mode.
+      `cond(t, y, yp, args)` on the dense output (IDAS §6.2.4); every recorded root in
+      `sol.events`, the first in `sol.event_t`, `event_y`, `event_yp`, `event_mask`. A
+      terminal event stops the solve there (status `RESULTS.event`, a success; later
+      output rows are `inf`). Event times and states are differentiable in every mode.
     - `steps`: also return the accepted step sequence (`sol.step_ts`, `sol.step_ys`).
     - `dense`: also keep every step's interpolating polynomial for `sol.evaluate(t)`
       (memory O(max_steps · 6n)). Neither is differentiable (they depend on the steps).
@@ -331,7 +338,8 @@ def solve(
       IDASetInitStep, IDASetMaxOrd (1–5). A step that fails at `min_step` ends the solve
       with the failure's status.
 
-    **Returns:** a `Solution` with `ts`, `ys`, `yps`, `qs`, `stats`, `result`.
+    **Returns:** a `Solution` with `ts`, `ys`, `yps`, `qs`, `stats`, `result` (and
+    `events` with `event=`).
     """
     # Without a mask the algebraic directions are found from F_y' where needed.
     auto_split = algebraic is None and np.shape(y0)[0] <= AUTO_SPLIT_MAX_N
