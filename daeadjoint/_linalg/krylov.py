@@ -374,11 +374,15 @@ class Krylov(AbstractLinearSolver):
     def prepare(self, residual, t0, y0, yp0, args) -> "Krylov":
         """Prepare the preconditioner and auxiliary solver too (e.g. a `SparseLU`
         preconditioner detects its pattern here); a user preconditioner is checked
-        (`check_preconditioner`)."""
+        (`check_preconditioner`) and its arrays put behind `stop_gradient`."""
         def prep(solver):
             if isinstance(solver, AbstractPreconditioner):
                 check_preconditioner(solver, y0, args)
-                return solver
+                # Its own arrays (e.g. a parameter under jax.grad) only steer GMRES, like
+                # the values a user Jacobian closes over: no derivative flows through them.
+                return jax.tree_util.tree_map(
+                    lambda a: jax.lax.stop_gradient(a) if eqx.is_inexact_array(a) else a,
+                    solver)
             return None if solver is None else solver.prepare(residual, t0, y0, yp0, args)
 
         return dataclasses.replace(self, preconditioner=prep(self.preconditioner),
