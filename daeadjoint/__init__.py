@@ -7,14 +7,15 @@ from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
 from ._linalg.banded import BandedLU
 from ._linalg.jacobian import Sparsity, SparsityDetectionError
-from ._linalg.krylov import Krylov, Preconditioner
+from ._linalg.krylov import AbstractPreconditioner, Krylov, Preconditioner
 from ._linalg.linear_solver import AbstractLinearSolver, DenseLU
 from ._linalg.sparse import SparseLU, default_linear_solver
 from ._results import RESULTS
-from ._solution import Solution
+from ._solution import EventRoots, Solution
 from ._solve import solve
 
 __all__ = ["solve", "Solution", "RESULTS", "DenseLU", "BandedLU", "SparseLU", "Krylov",
-           "Preconditioner", "Sparsity", "SparsityDetectionError", "default_linear_solver",
-           "AbstractLinearSolver", "Adjoint", "DiscreteAdjoint", "Event", "ForwardSensitivity"]
+           "Preconditioner", "AbstractPreconditioner", "Sparsity", "SparsityDetectionError",
+           "default_linear_solver", "AbstractLinearSolver", "Adjoint", "DiscreteAdjoint",
+           "Event", "EventRoots", "ForwardSensitivity"]
 __version__ = "0.1.0"

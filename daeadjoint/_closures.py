@@ -201,12 +201,11 @@ def _lift_preconditioner(pre, lift: _Lifter, example_cj):
     setup = lift(pre.psetup, example_cj, 4, stop_gradient=True)
     state = _structs(eqx.filter_eval_shape(pre.psetup, *example_cj))
     example = (state, example_cj[1])
-    flags = (False, True) if pre.has_transpose else (False,)
-    if all(_trace(pre.psolve, example + ((f,) if pre.has_transpose else ())) is None
-           for f in flags):
+    flags = (False, True)
+    if all(_trace(pre.psolve, (*example, f)) is None for f in flags):
         return eqx.tree_at(lambda p: p.psetup, pre, setup)
-    solves = tuple(lift(pre.psolve, example + ((f,) if pre.has_transpose else ()), None,
-                        stop_gradient=True, force=True) for f in flags)
+    solves = tuple(lift(pre.psolve, (*example, f), None, stop_gradient=True, force=True)
+                   for f in flags)
     return eqx.tree_at(lambda p: (p.psetup, p.psolve), pre,
                        (_SetupHandingOn(setup, tuple(s.slot for s in solves)),
                         _SolveWithLifted(solves)))
@@ -229,7 +228,7 @@ class _SolveWithLifted(eqx.Module):
 
     solves: tuple
 
-    def __call__(self, state, r, transpose=False):
+    def __call__(self, state, r, transpose):
         user_state, lifted = state
         i = 1 if transpose else 0
         return self.solves[i].call([user_state, r], lifted[i])

@@ -24,7 +24,8 @@ from ._consistency import (consistency_solve, consistent_values, initial_sensiti
 from ._events import Event, EventState, event_tangents
 from ._derivatives.forward_sensitivity import (ForwardSensitivity, SensitivityProblem,
                                                direction_scale, sensitivity_atol)
-from ._initialization import violated
+from ._derivatives.reverse import AbstractAdjoint
+from ._initialization import InitMode, violated
 from ._jax_internals import unvmap_any
 from ._integrator import (CheckpointRecorder, DenseRecorder, Outputs, Problem, SegmentRecorder,
                           initial_state, initial_step, integrate, write_outputs)
@@ -40,9 +41,9 @@ class Config(eqx.Module):
     residual: Callable
     quadrature: Callable | None
     linear_solver: AbstractLinearSolver
-    reverse: Any                      # Adjoint | DiscreteAdjoint: how cotangents are computed
+    reverse: AbstractAdjoint          # Adjoint | DiscreteAdjoint: how cotangents are computed
     forward: ForwardSensitivity       # how tangents are computed
-    init: str | None = eqx.field(static=True)
+    init: InitMode | None = eqx.field(static=True)
     max_steps: int = eqx.field(static=True)
     suppress_algebraic_error: bool = eqx.field(static=True)
     quad_error_control: bool = eqx.field(static=True)

@@ -64,7 +64,7 @@ caller differentiates the consistent values through the implicit function theore
 """
 
 import functools
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import equinox as eqx
 import jax
@@ -73,6 +73,9 @@ from jaxtyping import Array, Float, Int
 
 from ._bdf import error_weights, wrms
 from ._linalg.linear_solver import AbstractLinearSolver, DenseLU, setup_masked
+
+# The modes of consistent initialization (`solve(init=...)`; the module docstring).
+InitMode = Literal["ya_ydp", "y"]
 
 ICRATEMAX = 0.9       # IDAS: the largest Newton rate still called slow convergence
 ALPHALS = 1e-4        # IDAS: α of the line search's sufficient-decrease condition

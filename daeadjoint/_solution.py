@@ -9,6 +9,26 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 
+class EventRoots(eqx.Module):
+    """The roots of an `Event`'s condition recorded by a solve (`Solution.events`), up to
+    `Event.max_roots` of them in time order; unused rows have t = `inf`.
+
+    **Attributes:**
+
+    - `ts`: (R,) root times t*.
+    - `ys`, `yps`: (R, n) y(t*) and y'(t*).
+    - `masks`: (R, n_ev) which components of `cond` crossed zero at each root.
+
+    Times and states are differentiable (the implicit function theorem on cond = 0).
+    Under `jax.vmap` every array gains the batch axes in front.
+    """
+
+    ts: Float[Array, "*batch R"]
+    ys: Float[Array, "*batch R n"]
+    yps: Float[Array, "*batch R n"]
+    masks: Bool[Array, "*batch R n_ev"]
+
+
 class Solution(eqx.Module):
     """Result of `daeadjoint.solve`.
 
@@ -25,11 +45,12 @@ class Solution(eqx.Module):
       terminal event stopped the solve, also a success). On failure with `throw=False`,
       rows of `ys`/`yps`/`qs` at times the solver never reached are `inf` (never NaN),
       `stats["t_final"]` says how far it got, and derivatives are NaN.
-    - `event_t`, `event_y`, `event_yp`, `event_mask`: with `event=`, the first root t*
-      (`inf` if none), y(t*), y'(t*) and which components of `cond` crossed zero there;
-      all differentiable (the implicit function theorem on cond = 0). `event_ts`,
-      `event_ys`, `event_yps`, `event_masks`: every recorded root (`Event.max_roots`).
-      None without an event.
+    - `events`: with `event=`, the recorded roots of its condition (`EventRoots`: `ts`,
+      `ys`, `yps`, `masks`); None without an event. The first root is also
+      `event_t`, `event_y`, `event_yp`, `event_mask`: t* (`inf` if none), y(t*), y'(t*)
+      and which components of `cond` crossed zero there; all differentiable (the
+      implicit function theorem on cond = 0). `event_ts`, `event_ys`, `event_yps`,
+      `event_masks` are `events.ts`, … (every recorded root, `Event.max_roots`).
     - `step_ts`, `step_ys` (with `steps=True` or `dense=True`): the accepted step
       sequence (t_n, y_n), n = 0 … num_steps, then inf; and `evaluate(t)` (with
       `dense=True`): the solution anywhere in [t0, t_final] from the stored interpolating
@@ -43,18 +64,46 @@ class Solution(eqx.Module):
     qs: Float[Array, "n_save nq"] | None
     stats: dict[str, Any]
     result: Any
-    event_t: Float[Array, ""] | None = None
-    event_y: Float[Array, " n"] | None = None
-    event_yp: Float[Array, " n"] | None = None
-    event_mask: Bool[Array, " n_ev"] | None = None
-    event_ts: Float[Array, " R"] | None = None
-    event_ys: Float[Array, "R n"] | None = None
-    event_yps: Float[Array, "R n"] | None = None
-    event_masks: Bool[Array, "R n_ev"] | None = None
+    events: EventRoots | None = None
     dense: Any = None
-    # 0·Σ(differentiable inputs): its tangent is nonzero-structured exactly when the
-    # solve is being differentiated, which the step-data accessors refuse.
-    sentinel: Any = None
+    # 0·Σ(differentiable inputs), set with `dense`/`steps`: its tangent is
+    # nonzero-structured exactly when the solve is being differentiated, which the
+    # step-data accessors refuse (`_no_derivative`). Private: not an output.
+    _sentinel: Any = None
+
+    # The first root (index 0 of the root axis, after any batch axes of jax.vmap) and
+    # every root, by the names of DESIGN.md and of earlier releases.
+    @property
+    def event_t(self) -> Float[Array, "*batch"] | None:
+        return None if self.events is None else self.events.ts[..., 0]
+
+    @property
+    def event_y(self) -> Float[Array, "*batch n"] | None:
+        return None if self.events is None else self.events.ys[..., 0, :]
+
+    @property
+    def event_yp(self) -> Float[Array, "*batch n"] | None:
+        return None if self.events is None else self.events.yps[..., 0, :]
+
+    @property
+    def event_mask(self) -> Bool[Array, "*batch n_ev"] | None:
+        return None if self.events is None else self.events.masks[..., 0, :]
+
+    @property
+    def event_ts(self) -> Float[Array, "*batch R"] | None:
+        return None if self.events is None else self.events.ts
+
+    @property
+    def event_ys(self) -> Float[Array, "*batch R n"] | None:
+        return None if self.events is None else self.events.ys
+
+    @property
+    def event_yps(self) -> Float[Array, "*batch R n"] | None:
+        return None if self.events is None else self.events.yps
+
+    @property
+    def event_masks(self) -> Bool[Array, "*batch R n_ev"] | None:
+        return None if self.events is None else self.events.masks
 
     @property
     def step_ts(self):
@@ -65,7 +114,7 @@ class Solution(eqx.Module):
         return None if self.dense is None else self._guard(self.dense.y, "sol.step_ys")
 
     def _guard(self, x, what):
-        return _no_derivative(x, self.sentinel, what)
+        return _no_derivative(x, self._sentinel, what)
 
     def evaluate(self, t: ArrayLike, derivative: int = 0):
         """y(t) (or y^(derivative)(t), derivative ≤ 5) for t in [t0, t_final], from the
@@ -114,13 +163,13 @@ class Solution(eqx.Module):
         parts = [f"result={result}{extra}", f"ts={shape(self.ts)}", f"ys={shape(self.ys)}"]
         if self.qs is not None:
             parts.append(f"qs={shape(self.qs)}")
-        if self.event_ts is not None:
-            parts.append(f"event_ts={shape(self.event_ts)}")
+        if self.events is not None:
+            parts.append(f"events.ts={shape(self.events.ts)}")
         return "Solution(" + ", ".join(parts) + ")"
 
 
 def _no_derivative(x, sentinel, what: str):
-    """x itself; raises if `sentinel` (see `Solution.sentinel`) carries a tangent, i.e.
+    """x itself; raises if `sentinel` (`Solution._sentinel`) carries a tangent, i.e.
     the solve is being differentiated: step data depend on the step sizes, whose
     derivatives the solver never takes, and a zero derivative would be silently wrong."""
 

@@ -23,14 +23,13 @@ from ._derivatives.autodiff import solve_core
 from ._derivatives.discrete_adjoint import DiscreteAdjoint
 from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
-from ._initialization import SUCCESS, failure_messages, message_index
-from ._linalg.krylov import Preconditioner
+from ._initialization import SUCCESS, InitMode, failure_messages, message_index
 from ._linalg.linear_solver import AbstractLinearSolver
 from ._linalg.sparse import default_linear_solver
 from ._results import RESULTS, succeeded
-from ._solution import Solution
-from ._validation import (_check_breakpoints, _check_event, _check_inputs, _check_step_options,
-                          _concrete, _snap_saveat)
+from ._solution import EventRoots, Solution
+from ._validation import (_check_breakpoints, _check_event, _check_inputs, _check_linear_solver,
+                          _check_sensitivity, _check_step_options, _concrete, _snap_saveat)
 
 # With more output times than this the default reverse mode is the discrete adjoint,
 # whose cost does not grow with the number of observations (the continuous adjoint
@@ -134,13 +133,11 @@ def _solve_compiled(config: Config, inputs: Inputs):
     stats = dict(core.stats)
     stats["t_final"] = core.t_final
     result = jax.tree_util.tree_map(jax.lax.stop_gradient, core.result)
-    events = {}
+    events = None
     if config.event is not None:
         stats["num_events"] = jnp.sum(jnp.isfinite(core.event_t)).astype(jnp.int32)
-        events = dict(event_ts=core.event_t, event_ys=core.event_yd[:, 0],
-                      event_yps=core.event_yd[:, 1], event_masks=core.event_mask,
-                      event_t=core.event_t[0], event_y=core.event_yd[0, 0],
-                      event_yp=core.event_yd[0, 1], event_mask=core.event_mask[0])
+        events = EventRoots(ts=core.event_t, ys=core.event_yd[:, 0], yps=core.event_yd[:, 1],
+                            masks=core.event_mask)
     sentinel = None
     if core.dense is not None:
         diff = [inputs.t0, inputs.t1, inputs.y0, inputs.yp0, inputs.saveat] + \
@@ -148,7 +145,8 @@ def _solve_compiled(config: Config, inputs: Inputs):
         sentinel = sum(0.0 * jnp.sum(x) for x in diff)
     sol = Solution(ts=inputs.saveat, ys=ys, yps=yps,
                    qs=qs if config.quadrature is not None else None,
-                   stats=stats, result=result, dense=core.dense, sentinel=sentinel, **events)
+                   stats=stats, result=result, events=events, dense=core.dense,
+                   _sentinel=sentinel)
     return sol, core.init_info
 
 
@@ -221,7 +219,7 @@ def solve(
     *,
     saveat: ArrayLike | None = None,
     algebraic: ArrayLike | None = None,
-    init: str | None = None,
+    init: InitMode | None = None,
     quadrature: Callable | None = None,
     rtol: ArrayLike | None = None,
     atol: ArrayLike = 1e-6,
@@ -266,7 +264,8 @@ def solve(
     - `args`: any pytree passed to `residual` (and `quadrature`), e.g. an `eqx.nn.MLP`:
       its inexact arrays are differentiable, everything else is static.
     - `saveat`: sorted 1-D array of output times in [t0, t1] (times within 4·eps of
-      either end count as that end); default `[t1]`. Outputs come from the BDF
+      either end count as that end); default `[t1]`. The times themselves, not an
+      object like diffrax's `SaveAt` (whose other options are `steps=` and `dense=`). Outputs come from the BDF
       interpolating polynomial; steps are not forced onto them.
     - `algebraic`: bool mask, True where y_i is algebraic (F does not depend on y'_i).
       Checked: column i of F_y' must be zero at t0 and at each Jacobian setup, else
@@ -280,14 +279,18 @@ def solve(
       (compute all of y0 from y'0).
     - `quadrature`: `q(t, y, yp, args) -> 1-D array`; `sol.qs[i]` = ∫_{t0}^{ts[i]} q dt.
       Quadratures are corrected after each step, never inside Newton; they enter the error
-      test only with `quad_error_control=True` (tolerances `quad_rtol`, `quad_atol`,
-      defaulting to `rtol`, `atol`).
+      test only with `quad_error_control=True` (IDAS's errconQ; tolerances `quad_rtol`,
+      `quad_atol`, defaulting to `rtol`, `atol`). The adjoint's gradient quadrature has
+      its own switch, `Adjoint(quad_error_control=...)`.
     - `rtol`, `atol`: error weights W_i = 1/(rtol |y_i| + atol_i); atol scalar or (n,).
       Default rtol: 1e-6 in float64, 1e-4 in float32 (whose smallest accepted rtol is
       100·eps = 1.2e-5); default atol 1e-6. An atol_i of 0 needs y0_i ≠ 0.
-    - `max_steps`: give up (status `max_steps_reached`) after this many steps.
+    - `max_steps`: give up (status `max_steps_reached`) after this many steps. A
+      positive integer, never None: the checkpoint and step buffers are sized by it.
     - `sensitivity`: how reverse-mode derivatives are computed: `Adjoint()` (the
-      continuous adjoint DAE) or `DiscreteAdjoint()` (the adjoint of the recorded steps).
+      continuous adjoint DAE; diffrax's `BacksolveAdjoint` is the same idea) or
+      `DiscreteAdjoint()` (the adjoint of the recorded steps, like diffrax's
+      `RecursiveCheckpointAdjoint`).
       None (default) chooses: `Adjoint()` for up to 32 output times, `DiscreteAdjoint()`
       for more (its cost does not grow with the number of observations).
     - `forward_sensitivity`: options of forward mode, `ForwardSensitivity()` by default
@@ -312,18 +315,20 @@ def solve(
       `SparseLU()`, …). Default None: `default_linear_solver` — `DenseLU()` up to 100
       unknowns (so small problems are unchanged), above that `SparseLU` with the
       sparsity pattern detected from the residual's program (`DenseLU()` if it is
-      dense or cannot be detected). Pass a solver to override it; for very large systems
-      `Krylov(preconditioner=...)` (matrix-free GMRES; see the linear solvers page).
+      dense or cannot be detected). Pass a daeadjoint solver to override it (not a
+      lineax one: these build and factor the iteration matrix from the residual); for
+      very large systems `Krylov(preconditioner=...)` (matrix-free GMRES; see the
+      linear solvers page).
     - `constraints`: int array like y0 (IDASetConstraints): 0 none, 1 y ≥ 0, 2 y > 0,
       −1 y ≤ 0, −2 y < 0. After each Newton solve a violating step is projected back if
       the violation is below the Newton tolerance, else redone with a smaller step (IDAS
       §6.2.2.4); consistent initialization (`init=`) enforces them too. y0 must satisfy
       them.
     - `event`: `Event(cond, terminal=True, direction=0)`: locate the roots of
-      `cond(t, y, yp, args)` on the dense output (IDAS §6.2.4); `sol.event_t`, `event_y`,
-      `event_yp`, `event_mask`. A terminal event stops the solve there (status
-      `RESULTS.event`, a success; later output rows are `inf`). Event times and states
-      are differentiable in every mode.
+      `cond(t, y, yp, args)` on the dense output (IDAS §6.2.4); every recorded root in
+      `sol.events`, the first in `sol.event_t`, `event_y`, `event_yp`, `event_mask`. A
+      terminal event stops the solve there (status `RESULTS.event`, a success; later
+      output rows are `inf`). Event times and states are differentiable in every mode.
     - `steps`: also return the accepted step sequence (`sol.step_ts`, `sol.step_ys`).
     - `dense`: also keep every step's interpolating polynomial for `sol.evaluate(t)`
       (memory O(max_steps · 6n)). Neither is differentiable (they depend on the steps).
@@ -333,7 +338,8 @@ def solve(
       IDASetInitStep, IDASetMaxOrd (1–5). A step that fails at `min_step` ends the solve
       with the failure's status.
 
-    **Returns:** a `Solution` with `ts`, `ys`, `yps`, `qs`, `stats`, `result`.
+    **Returns:** a `Solution` with `ts`, `ys`, `yps`, `qs`, `stats`, `result` (and
+    `events` with `event=`).
     """
     # Without a mask the algebraic directions are found from F_y' where needed.
     auto_split = algebraic is None and np.shape(y0)[0] <= AUTO_SPLIT_MAX_N
@@ -353,20 +359,12 @@ def solve(
     dtype = y0.dtype
     if sensitivity is None:
         sensitivity = Adjoint() if saveat.shape[0] <= MANY_OBSERVATIONS else DiscreteAdjoint()
-    if not isinstance(sensitivity, (Adjoint, DiscreteAdjoint)):
-        raise TypeError("`sensitivity` must be daeadjoint.Adjoint() or "
-                        f"daeadjoint.DiscreteAdjoint(), got {sensitivity!r}.")
+    _check_sensitivity(sensitivity)
     if forward_sensitivity is None:
         forward_sensitivity = ForwardSensitivity()
     if linear_solver is None:
         linear_solver = default_linear_solver(residual, t0, y0, yp0, args)
-    if not isinstance(linear_solver, AbstractLinearSolver):
-        raise TypeError("`linear_solver` must be a daeadjoint linear solver (e.g. "
-                        f"daeadjoint.DenseLU()), got {linear_solver!r}.")
-    if isinstance(linear_solver, Preconditioner):
-        raise TypeError("`linear_solver` is a daeadjoint.Preconditioner, which only "
-                        "approximates the iteration matrix: use it through "
-                        "linear_solver=daeadjoint.Krylov(preconditioner=...).")
+    _check_linear_solver(linear_solver)
     linear_solver = linear_solver.prepare(residual, t0, y0, yp0, args)
     nq = 0
     if quadrature is not None:

@@ -3,14 +3,21 @@ message naming the argument, and the working precision (the promoted dtype of y0
 the residual's output). Values only known at run time are checked again inside the
 solve (`_core.input_status`)."""
 
+from typing import get_args
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 
+from ._derivatives.reverse import AbstractAdjoint
 from ._events import Event
+from ._initialization import InitMode
+from ._linalg.krylov import AbstractPreconditioner
+from ._linalg.linear_solver import AbstractLinearSolver
 
-_INIT_MODES = (None, "ya_ydp", "y")
+_INIT_MODES = get_args(InitMode)
 # Below this multiple of machine epsilon the Newton tests (0.33·tol) and the error test
 # drown in rounding: the corrections they accept are no longer resolved.
 _MIN_RTOL_EPS = 100.0
@@ -129,7 +136,13 @@ def _check_inputs(residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quad
     argument. Returns the arrays converted to the working dtype. (Values only known at
     run time are checked again inside the solve: `_core.input_status`.)"""
     if not callable(residual):
-        raise TypeError("`residual` must be a function residual(t, y, yp, args) -> array.")
+        hint = ""
+        if _library(residual) == "diffrax":
+            hint = (f" A diffrax term ({type(residual).__name__}) is not needed: pass the "
+                    "function itself; an ODE y' = f(t, y, args) is the residual "
+                    "F = yp - f(t, y, args).")
+        raise TypeError("`residual` must be a function residual(t, y, yp, args) -> array."
+                        + hint)
     y0 = jnp.asarray(y0)
     if y0.ndim != 1:
         raise ValueError(f"`y0` must be a 1-D array, got shape {y0.shape}.")
@@ -140,8 +153,9 @@ def _check_inputs(residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quad
         yp0 = jnp.asarray(yp0)
         if yp0.shape != y0.shape:
             raise ValueError(f"`yp0` has shape {yp0.shape} but `y0` has shape {y0.shape}.")
-    if init not in _INIT_MODES:
-        raise ValueError(f"`init` must be one of None, 'ya_ydp', 'y'; got {init!r}.")
+    if init is not None and init not in _INIT_MODES:
+        allowed = ", ".join(map(repr, _INIT_MODES))
+        raise ValueError(f"`init` must be None or one of {allowed}; got {init!r}.")
     dtype = _working_dtype(residual, t0, y0, yp0, args)
     _refuse_nonfinite(y0=y0, yp0=yp0, t0=t0, t1=t1, saveat=saveat)
     given_t0, given_t1 = _concrete(t0), _concrete(t1)
@@ -168,7 +182,7 @@ def _check_inputs(residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quad
     if saveat is None:
         saveat = t1[None]
     else:
-        saveat = jnp.asarray(saveat, dtype)
+        saveat = jnp.asarray(_check_saveat_type(saveat), dtype)
         if saveat.ndim != 1 or saveat.shape[0] == 0:
             raise ValueError(f"`saveat` must be a non-empty 1-D array of times, got shape {saveat.shape}.")
         cs = _concrete(saveat)
@@ -229,7 +243,14 @@ def _check_inputs(residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quad
             raise ValueError("`tstop` is NaN.")
         if cts is not None and ct1 is not None and cts < ct1:
             raise ValueError(f"`tstop` ({float(cts)}) must be >= t1 ({float(ct1)}).")
-    if not (isinstance(max_steps, (int, np.integer)) and max_steps > 0):
+    if max_steps is None:
+        raise ValueError(
+            "`max_steps` must be a positive integer; None (no limit, as diffrax allows) is "
+            "not supported: the integration is one compiled loop whose checkpoint and "
+            "step buffers are sized by max_steps. Pass an upper bound on the number of "
+            "steps (default 100_000).")
+    if not (isinstance(max_steps, (int, np.integer)) and not isinstance(max_steps, bool)
+            and max_steps > 0):
         raise ValueError(f"`max_steps` must be a positive integer, got {max_steps!r}.")
     if quadrature is not None:
         y = jax.ShapeDtypeStruct((n,), dtype)
@@ -239,6 +260,97 @@ def _check_inputs(residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quad
                 "`quadrature` must return a 1-D array q(t, y, yp, args); it returned "
                 f"{getattr(qout, 'shape', type(qout).__name__)}.")
     return t0, t1, y0, yp0, saveat, algebraic, rtol, atol, tstop
+
+
+def _library(x) -> str:
+    """The top-level package that defines x's type (e.g. "diffrax", "lineax")."""
+    return type(x).__module__.split(".")[0]
+
+
+def _check_saveat_type(saveat):
+    """`saveat` is an array of times. Other objects (a diffrax `SaveAt`, anything with
+    `ts`/`subs` attributes, a dict) are refused with what to pass instead, before JAX
+    reports an opaque conversion error."""
+    if (isinstance(saveat, (jax.Array, np.ndarray, list, tuple, float, int, np.number))
+            or hasattr(saveat, "__array__") or hasattr(saveat, "__jax_array__")):
+        return saveat
+    if hasattr(saveat, "ts") or hasattr(saveat, "subs") or _library(saveat) == "diffrax":
+        raise TypeError(
+            f"`saveat` takes the output times as a 1-D array, not a {type(saveat).__name__} "
+            "object. For diffrax's SaveAt(ts=ts) pass saveat=ts; SaveAt(t1=True) is the "
+            "default (saveat=None); SaveAt(steps=True) is steps=True (sol.step_ts, "
+            "sol.step_ys) and SaveAt(dense=True) is dense=True (sol.evaluate(t)).")
+    try:
+        np.asarray(saveat, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError("`saveat` must be a 1-D array of output times, got a "
+                        f"{type(saveat).__name__}.") from None
+    return saveat
+
+
+# diffrax's adjoints and the daeadjoint reverse mode that does the same.
+_DIFFRAX_ADJOINTS = {
+    "BacksolveAdjoint": "daeadjoint.Adjoint() (the continuous adjoint DAE, solved backward "
+                        "with checkpoints)",
+    "RecursiveCheckpointAdjoint": "daeadjoint.DiscreteAdjoint() (the adjoint of the "
+                                  "recorded steps)",
+    "DirectAdjoint": "daeadjoint.DiscreteAdjoint() (the adjoint of the recorded steps)",
+}
+
+
+def _check_sensitivity(sensitivity):
+    """`sensitivity` is a reverse mode (`Adjoint()`, `DiscreteAdjoint()`). A diffrax
+    adjoint or solver — a diffrax user's first try — is named with its counterpart."""
+    if isinstance(sensitivity, AbstractAdjoint):
+        return
+    what = type(sensitivity).__name__
+    hint = ""
+    if _library(sensitivity) == "diffrax":
+        bases = [c.__name__ for c in type(sensitivity).__mro__]
+        if what in _DIFFRAX_ADJOINTS:
+            hint = f" For diffrax.{what}() pass sensitivity={_DIFFRAX_ADJOINTS[what]}."
+        elif what == "ForwardMode":
+            hint = (" Forward mode needs no option: jax.jvp and jax.jacfwd through solve use "
+                    "forward sensitivities (options: forward_sensitivity="
+                    "daeadjoint.ForwardSensitivity(...)).")
+        elif "AbstractSolver" in bases:
+            hint = (f" diffrax.{what} is an integrator: daeadjoint always integrates with "
+                    "variable-order BDF (IDAS), and `sensitivity` chooses how reverse-mode "
+                    "derivatives are computed.")
+    raise TypeError("`sensitivity` must be daeadjoint.Adjoint() or "
+                    f"daeadjoint.DiscreteAdjoint(), got {sensitivity!r}.{hint}")
+
+
+# lineax's solvers and the daeadjoint linear solver that does the same.
+_LINEAX_SOLVERS = {
+    **dict.fromkeys(("LU", "QR", "SVD", "Cholesky", "AutoLinearSolver", "Triangular"),
+                    "daeadjoint.DenseLU()"),
+    "Tridiagonal": "daeadjoint.BandedLU(1, 1)",
+    "Diagonal": "daeadjoint.BandedLU(0, 0)",
+    **dict.fromkeys(("GMRES", "BiCGStab", "CG", "NormalCG"),
+                    "daeadjoint.Krylov(preconditioner=...)"),
+}
+
+
+def _check_linear_solver(linear_solver):
+    """`linear_solver` is a daeadjoint linear solver. A preconditioner, or a lineax solver
+    (which solves a given operator, where daeadjoint's build and factor the iteration
+    matrix from the residual), is named with what to pass instead."""
+    if isinstance(linear_solver, AbstractPreconditioner):
+        raise TypeError(f"`linear_solver` is a preconditioner ({type(linear_solver).__name__}), "
+                        "which only approximates the iteration matrix: use it through "
+                        "linear_solver=daeadjoint.Krylov(preconditioner=...).")
+    if isinstance(linear_solver, AbstractLinearSolver):
+        return
+    what = type(linear_solver).__name__
+    hint = ""
+    if isinstance(linear_solver, lx.AbstractLinearSolver):
+        instead = _LINEAX_SOLVERS.get(what, "daeadjoint.DenseLU() or another daeadjoint solver")
+        hint = (f" lineax.{what} solves a given operator; daeadjoint's solvers build, factor "
+                "and reuse the Newton iteration matrix J = F_y + cj F_y' from the residual "
+                f"(and its transpose for the adjoint): pass {instead}.")
+    raise TypeError("`linear_solver` must be a daeadjoint linear solver (e.g. "
+                    f"daeadjoint.DenseLU()), got {linear_solver!r}.{hint}")
 
 
 def _check_breakpoints(breakpoints, dtype):

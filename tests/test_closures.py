@@ -141,11 +141,30 @@ def _with_preconditioner(p):
     return y_end(p, linear_solver=dae.Krylov(preconditioner=pre))
 
 
-@pytest.mark.parametrize("f", [_with_jac, pytest.param(_with_preconditioner, marks=pytest.mark.slow)],
-                         ids=["jacobian", "preconditioner"])
+class _ShiftPreconditioner(dae.AbstractPreconditioner):
+    """P = p + cj (J exactly) with p a field: an `AbstractPreconditioner` Module holding
+    the traced parameter instead of closing over it."""
+
+    p: jax.Array
+
+    def setup(self, t, y, yp, cj, args):
+        return jnp.full((1,), self.p + cj)
+
+    def solve(self, state, r, transpose):
+        return r / state
+
+
+def _with_preconditioner_module(p):
+    return y_end(p, linear_solver=dae.Krylov(preconditioner=_ShiftPreconditioner(p)))
+
+
+@pytest.mark.parametrize("f", [_with_jac, pytest.param(_with_preconditioner, marks=pytest.mark.slow),
+                               _with_preconditioner_module],
+                         ids=["jacobian", "preconditioner", "preconditioner_module"])
 def test_user_jacobian_and_preconditioner_closures(f):
-    """A Jacobian or preconditioner closing over p steers Newton only: it must neither
-    leak the tracer nor change the derivative (−e^{−p})."""
+    """A Jacobian or preconditioner closing over p (or holding it, as a Module's field)
+    steers Newton only: it must neither leak the tracer nor change the derivative
+    (−e^{−p})."""
     assert abs(float(jax.grad(f)(P)) - EXACT) <= BOUND
     assert abs(float(jax.jacfwd(f)(P)) - EXACT) <= BOUND
 

@@ -259,9 +259,9 @@ def heat(t, u, up, args):
     return up - rhs.reshape(-1)
 
 
-def heat_jacobi(transposable=True) -> dae.Preconditioner:
+def heat_jacobi() -> dae.Preconditioner:
     """Jacobi: P = diag(J) = cj + 2(p1 + p2)/dx² inside, cj on the boundary. Diagonal,
-    so P⁻ᵀ = P⁻¹; `transposable=False` gives the two-parameter solve(state, r)."""
+    so P⁻ᵀ = P⁻¹: the solve ignores `transpose`."""
     n = HEAT_M + 2
     inside = np.zeros((n, n), bool)
     inside[1:-1, 1:-1] = True
@@ -270,9 +270,7 @@ def heat_jacobi(transposable=True) -> dae.Preconditioner:
     def setup(t, u, up, cj, p):
         return cj + jnp.where(inside, 2 * (p[0] + p[1]) / HEAT_DX**2, 0.0)
 
-    if transposable:
-        return dae.Preconditioner(setup, lambda d, r, transpose: r / d)
-    return dae.Preconditioner(setup, lambda d, r: r / d)
+    return dae.Preconditioner(setup, lambda d, r, transpose: r / d)
 
 
 def heat_u0():
@@ -319,19 +317,61 @@ def test_heat_solution_and_gradients_match_dense(name):
     assert np.max(np.abs(np.asarray(gu0 - gu0r))) <= 100 * HEAT_TOL * np.max(np.abs(np.asarray(gu0r)))
 
 
-def test_preconditioner_without_transpose_is_a_clear_error():
-    """The adjoint needs P⁻ᵀ; a Preconditioner whose solve takes only (state, r)
-    serves the forward solve but raises a TypeError naming the fix under jax.grad."""
-    k = dae.Krylov(preconditioner=heat_jacobi(transposable=False))
+def _heat_setup(t, u, up, cj, p):
+    return jnp.full_like(u, cj)
+
+
+@pytest.mark.parametrize("solve, match", [
+    # IDAS's psolve has no transpose flag: the first thing an IDAS user may write.
+    (lambda d, r: r / d, r"solve\(state, r, transpose=False\)"),
+    (lambda d, r, transpose: (r / d)[:3], r"shaped like r, \(64,\)"),
+], ids=["two_parameters", "wrong_shape"])
+def test_preconditioner_signature_and_shape_checked_before_the_solve(solve, match):
+    """A preconditioner is called as solve(state, r, transpose) -> z shaped like r. A
+    wrong signature or shape is reported by `solve` before integrating, naming the call
+    and what it was given, not from inside the Newton iteration."""
+    k = dae.Krylov(preconditioner=dae.Preconditioner(_heat_setup, solve))
+    p, u0 = jnp.array([1.0, 1.0]), heat_u0()
+    with pytest.raises((TypeError, ValueError), match=match):
+        dae.solve(heat, 0.0, 0.16, u0, -heat(0.0, u0, jnp.zeros_like(u0), p), p,
+                  linear_solver=k)
+
+
+class _JacobiModule(dae.AbstractPreconditioner):
+    """`heat_jacobi` as an AbstractPreconditioner subclass (the same operations)."""
+
+    inside: np.ndarray
+
+    def setup(self, t, u, up, cj, p):
+        return cj + jnp.where(self.inside, 2 * (p[0] + p[1]) / HEAT_DX**2, 0.0)
+
+    def solve(self, state, r, transpose):
+        return r / state
+
+
+def test_abstract_preconditioner_subclass_matches_preconditioner():
+    """An `AbstractPreconditioner` subclass is a preconditioner like
+    `Preconditioner(setup, solve)`: with the same P (`heat_jacobi`'s operations) the
+    solution and the gradient are identical to the last bit; neither is a linear
+    solver."""
+    n = HEAT_M + 2
+    inside = np.zeros((n, n), bool)
+    inside[1:-1, 1:-1] = True
+    pre = _JacobiModule(inside.reshape(-1))
+    assert not isinstance(pre, dae.AbstractLinearSolver)
+    assert not isinstance(heat_jacobi(), dae.AbstractLinearSolver)
     p, u0 = jnp.array([1.0, 1.0]), heat_u0()
     up0 = -heat(0.0, u0, jnp.zeros_like(u0), p)
 
-    def g(p):
-        return jnp.sum(dae.solve(heat, 0.0, 0.16, u0, up0, p, rtol=HEAT_TOL, atol=HEAT_TOL,
-                                 linear_solver=k).ys[-1] ** 2)
+    def loss(p, precond):
+        sol = dae.solve(heat, 0.0, 0.16, u0, up0, p, rtol=HEAT_TOL, atol=HEAT_TOL,
+                        linear_solver=dae.Krylov(preconditioner=precond))
+        return jnp.sum(sol.ys[-1] ** 2)
 
-    with pytest.raises(TypeError, match="transposed preconditioner"):
-        jax.grad(g)(p)
+    value, grad = jax.value_and_grad(loss)(p, pre)
+    value_ref, grad_ref = jax.value_and_grad(loss)(p, heat_jacobi())
+    assert float(value) == float(value_ref)
+    np.testing.assert_array_equal(np.asarray(grad), np.asarray(grad_ref))
 
 
 def test_preconditioner_is_not_a_linear_solver():

@@ -9,7 +9,8 @@
   implementation of the tangent.
 - `adjoint.py` (`Adjoint`): the continuous adjoint DAE integrated backward with checkpoint
   recomputation; `discrete_adjoint.py` (`DiscreteAdjoint`): the adjoint of the recorded
-  discrete steps. Either is the implementation of the cotangent (`sensitivity=`).
+  discrete steps. Either is the implementation of the cotangent (`sensitivity=`); both
+  implement `reverse.py`'s `AbstractAdjoint`, the interface the autodiff rules call.
 - `augmented.py`: the DAE augmented with one sensitivity direction, whose solves give
   the second and higher derivatives.
 

@@ -48,6 +48,7 @@ differentiated (Eberhard & Bischof): what is differentiated is the continuous pr
 
 import dataclasses
 from collections.abc import Callable
+from typing import Literal, get_args
 
 import equinox as eqx
 import jax
@@ -65,10 +66,15 @@ from .._linalg.linear_solver import AbstractLinearSolver
 from .._newton import maybe_update, tree_where
 from .._results import RESULTS, succeeded
 from .discrete_adjoint import DiscreteAdjoint
+from .reverse import AbstractAdjoint
 from .tangents import _restrict
 
 
-class Adjoint(eqx.Module):
+# How the backward pass evaluates the forward solution between steps (`Adjoint`).
+Interpolation = Literal["hermite", "bdf"]
+
+
+class Adjoint(AbstractAdjoint):
     """Gradients by the continuous adjoint DAE solved backward.
 
     **Arguments:**
@@ -100,7 +106,7 @@ class Adjoint(eqx.Module):
     """
 
     checkpoint_every: int = eqx.field(static=True, default=100)
-    interpolation: str = eqx.field(static=True, default="hermite")
+    interpolation: Interpolation = eqx.field(static=True, default="hermite")
     rtol: float | None = None       # may be traced (a tolerance study under jit/vmap)
     atol: float | None = None
     quad_error_control: bool = eqx.field(static=True, default=True)
@@ -108,8 +114,9 @@ class Adjoint(eqx.Module):
     fallback: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
-        if self.interpolation not in ("hermite", "bdf"):
-            raise ValueError(f"Adjoint(interpolation=...) must be 'hermite' or 'bdf', got "
+        if self.interpolation not in get_args(Interpolation):
+            allowed = ", ".join(map(repr, get_args(Interpolation)))
+            raise ValueError(f"Adjoint(interpolation=...) must be one of {allowed}; got "
                              f"{self.interpolation!r}.")
         if not (isinstance(self.checkpoint_every, int) and self.checkpoint_every > 0):
             raise ValueError("Adjoint(checkpoint_every=...) must be a positive integer, got "

@@ -39,10 +39,11 @@ from .._events import observations
 from .._integrator import CheckpointRecorder, StepLog
 from .._linalg.linear_solver import SetupWithArgs
 from .._results import RESULTS, succeeded
+from .reverse import AbstractAdjoint
 from .tangents import _restrict
 
 
-class DiscreteAdjoint(eqx.Module):
+class DiscreteAdjoint(AbstractAdjoint):
     """Gradients by the exact discrete adjoint of the forward BDF steps (frozen step
     sequence). Use it when the loss observes the solution at many times (least squares
     on dense data): its cost does not grow with the number of observations (`solve`

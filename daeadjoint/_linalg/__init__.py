@@ -11,7 +11,9 @@ implementations of `AbstractLinearSolver` (`linear_solver.py`: the interface and
   `lapack_ffi.py`).
 - `sparse.py` (`SparseLU`, `default_linear_solver`): a band LU after a bandwidth-reducing
   reordering, or KLU (`klu.py`).
-- `krylov.py`: matrix-free GMRES (`Krylov`) and user `Preconditioner`s.
+- `krylov.py`: matrix-free GMRES (`Krylov`) and user preconditioners
+  (`AbstractPreconditioner`, its function-pair form `Preconditioner`), which are not
+  linear solvers: they only approximate the iteration matrix for `Krylov`.
 
 Nothing here is imported by this `__init__`: the integrator and the derivatives import the
 modules they need (the package's `__init__` re-exports the public classes).

@@ -38,7 +38,7 @@ bandwidth.
 
 import functools
 import warnings
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import equinox as eqx
 import jax
@@ -53,7 +53,9 @@ from .jacobian import (Sparsity, assemble, banded_colours, check_pattern,
 from .linear_solver import AbstractLinearSolver
 
 
-KERNELS = ("auto", "lapack", "jax")
+# The band LU's kernels (`BandedLU(kernel=...)`, `SparseLU(kernel=...)`).
+Kernel = Literal["auto", "lapack", "jax"]
+KERNELS = get_args(Kernel)
 
 
 def resolve_kernel(kernel: str) -> str:
@@ -285,7 +287,7 @@ class BandedLU(AbstractLinearSolver):
     lower: int = eqx.field(static=True)
     upper: int = eqx.field(static=True)
     check: bool = eqx.field(static=True, default=True)
-    kernel: str = eqx.field(static=True, default="auto")
+    kernel: Kernel = eqx.field(static=True, default="auto")
 
     def __check_init__(self):
         if not (isinstance(self.lower, (int, np.integer)) and isinstance(self.upper, (int, np.integer))

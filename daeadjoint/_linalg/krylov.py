@@ -42,6 +42,7 @@ Schultz). Everything is `lax.while_loop`s over arrays of fixed shape (maxl + 1 b
 vectors), so it jit-compiles once and vmaps.
 """
 
+import abc
 import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -190,33 +191,60 @@ def slow_mode_factor(cj_setup):
     return jnp.where(cj_setup > 0, jnp.minimum(1.0, CJ_RATIO_MIN * cj_setup), 1.0)
 
 
-class Preconditioner(AbstractLinearSolver):
-    r"""A user preconditioner P ≈ J = F_y + cj F_y' for `Krylov`, IDAS-style (IDAS's
-    psetup/psolve, IDAS manual §6.2.3).
+class AbstractPreconditioner(eqx.Module):
+    r"""A preconditioner P ≈ J = F_y + cj F_y' for `Krylov` (IDAS's psetup/psolve, IDAS
+    manual §6.2.3). Not a linear solver: P only approximates the iteration matrix, and
+    GMRES corrects the rest; it is used through `Krylov(preconditioner=...)`.
+
+    Subclasses (`eqx.Module`s) implement:
+
+    - `setup(t, y, yp, cj, args) -> state`: build P at (t, y, y') for the iteration
+      matrix with coefficient cj. Pure JAX; the state is any pytree of arrays of fixed
+      shape. Called when the Newton iteration sets up its matrix (IDAS's reuse policy),
+      never per Krylov iteration.
+    - `solve(state, r, transpose) -> z`: z = P⁻¹ r, or z = P⁻ᵀ r when `transpose` is True,
+      shaped like r. `transpose` is a Python bool (fixed at trace time: branch on it with
+      `if`). The transposed branch serves the adjoint (`jax.grad` through `solve`), which
+      solves Jᵀ λ = b preconditioned with Pᵀ (Li & Petzold, DASPKADJOINT, §5.2); a
+      symmetric P may ignore the flag.
+
+    and may override `is_singular(state) -> bool` (default: some inexact leaf of the state
+    is not finite, e.g. a singular block inverted to inf/NaN), which makes the Newton
+    iteration fail like a singular iteration matrix.
+    """
+
+    @abc.abstractmethod
+    def setup(self, t, y, yp, cj, args) -> Any:
+        ...
+
+    @abc.abstractmethod
+    def solve(self, state, r: Float[Array, " n"], transpose: bool) -> Float[Array, " n"]:
+        ...
+
+    def is_singular(self, state) -> Bool[Array, ""]:
+        leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(state)
+                  if eqx.is_inexact_array(x)]
+        return ~jnp.all(jnp.stack(leaves)) if leaves else jnp.zeros((), bool)
+
+
+class Preconditioner(AbstractPreconditioner):
+    r"""A preconditioner from two functions, IDAS's psetup and psolve (see
+    `AbstractPreconditioner` for what they compute).
 
     **Arguments:**
 
-    - `setup(t, y, yp, cj, args) -> state`: build P at (t, y, y') for the iteration
-      matrix with coefficient cj (e.g. factor the diagonal blocks of J). Pure JAX; the
-      state is any pytree of arrays of fixed shape. Called when the Newton iteration
-      sets up its matrix (IDAS's reuse policy), never per Krylov iteration.
-    - `solve(state, r, transpose) -> z`: z = P⁻¹ r, or z = P⁻ᵀ r when `transpose` is
-      True. `transpose` is a Python bool (fixed at trace time: branch on it with `if`).
-      The transposed branch is used by the adjoint (`jax.grad` through `solve`), which
-      solves Jᵀ λ = b and preconditions with Pᵀ (Li & Petzold, DASPKADJOINT, §5.2): for a
-      block-diagonal P it solves with the transposed blocks; a symmetric P may ignore
-      the flag. A `solve(state, r)` with two parameters serves forward solves only;
-      differentiating in reverse mode then raises a `TypeError` naming what to add.
+    - `setup(t, y, yp, cj, args) -> state`: build P ≈ F_y + cj F_y' at (t, y, y') (e.g.
+      factor the diagonal blocks of J).
+    - `solve(state, r, transpose) -> z`: P⁻¹ r, or P⁻ᵀ r when `transpose` is True (a
+      Python bool; a symmetric P may ignore it).
 
-    P only has to be cheap and roughly right: GMRES corrects the rest. A user
-    preconditioner approximates the iteration matrix only; the other matrices built
-    from the residual (consistent initialization, the adjoint's jumps) are solved by
-    `Krylov`'s `auxiliary_solver`.
+    P only has to be cheap and roughly right: GMRES corrects the rest. It approximates the
+    iteration matrix only; the other matrices built from the residual (consistent
+    initialization, the adjoint's jumps) are solved by `Krylov`'s `auxiliary_solver`.
     """
 
     psetup: Callable
     psolve: Callable
-    has_transpose: bool = eqx.field(static=True)
 
     def __init__(self, setup: Callable, solve: Callable):
         if not (callable(setup) and callable(solve)):
@@ -225,52 +253,40 @@ class Preconditioner(AbstractLinearSolver):
                             "solve(state, r, transpose) -> z.")
         self.psetup = setup
         self.psolve = solve
-        self.has_transpose = _accepts_three_args(solve)
 
-    def setup(self, residual, t, y, yp, cj, args) -> Any:
+    def setup(self, t, y, yp, cj, args) -> Any:
         return self.psetup(t, y, yp, cj, args)
 
-    def solve(self, state, rhs, *, transpose=False, weights=None, operator=None):
-        if not self.has_transpose:
-            if transpose:
-                raise TypeError(
-                    "daeadjoint: this derivative (the adjoint, or a transposed consistency "
-                    "solve) needs the transposed preconditioner P⁻ᵀ r, but the "
-                    "Preconditioner's solve takes only (state, r). Give it a third "
-                    "parameter: solve(state, r, transpose) returning P⁻ᵀ r when transpose "
-                    "is True (for block-diagonal P: solve with the transposed blocks).")
-            z = self.psolve(state, rhs)
-        else:
-            z = self.psolve(state, rhs, transpose)
-        z = jnp.asarray(z, rhs.dtype)
-        if z.shape != rhs.shape:
-            raise ValueError(f"daeadjoint: Preconditioner solve returned shape {z.shape}, "
-                             f"expected {rhs.shape} (the shape of y).")
-        return z, {}
-
-    def is_singular(self, state) -> Bool[Array, ""]:
-        # A preconditioner that could not be built (e.g. a singular block factored to
-        # inf/NaN) makes the Newton iteration fail like a singular iteration matrix.
-        leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(state)
-                  if eqx.is_inexact_array(x)]
-        return ~jnp.all(jnp.stack(leaves)) if leaves else jnp.zeros((), bool)
-
-    def auxiliary(self):
-        raise TypeError("daeadjoint: a Preconditioner approximates the iteration matrix "
-                        "only; it is used through Krylov(preconditioner=...).")
+    def solve(self, state, r, transpose):
+        return self.psolve(state, r, transpose)
 
 
-def _accepts_three_args(fn) -> bool:
-    import inspect
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return True
-    try:
-        sig.bind(None, None, None)
-        return True
-    except TypeError:
-        return False
+def check_preconditioner(pre: AbstractPreconditioner, y0, args):
+    """A preconditioner's setup and solve (both `transpose` flags) traced once with
+    abstract arguments before the integration, so that a wrong signature or output shape
+    is reported with what daeadjoint passes, not from deep inside the Newton iteration."""
+    scalar = jax.ShapeDtypeStruct((), y0.dtype)
+    y = jax.ShapeDtypeStruct(y0.shape, y0.dtype)
+
+    def call(what, fn, *xs):
+        try:
+            return eqx.filter_eval_shape(fn, *xs)
+        except Exception as e:   # report the user's error with context
+            e.add_note(f"daeadjoint: raised while calling the preconditioner's {what} with "
+                       "abstract (traced) arguments: t and cj scalars, y, yp and r "
+                       f"{jnp.dtype(y0.dtype).name}{list(y0.shape)}, transpose a Python "
+                       "bool (True when the adjoint needs P⁻ᵀ r; a symmetric P may ignore "
+                       "it).")
+            raise
+
+    state = call("setup(t, y, yp, cj, args)", pre.setup, scalar, y, y, scalar, args)
+    for transpose in (False, True):
+        what = f"solve(state, r, transpose={transpose})"
+        z = call(what, pre.solve, state, y, transpose)
+        if getattr(z, "shape", None) != y0.shape:
+            raise ValueError(f"daeadjoint: the preconditioner's {what} returned "
+                             f"{getattr(z, 'shape', type(z).__name__)}; it must return an "
+                             f"array shaped like r, {y0.shape}.")
 
 
 class Krylov(AbstractLinearSolver):
@@ -288,11 +304,12 @@ class Krylov(AbstractLinearSolver):
 
     - `preconditioner`: P ≈ J applied as P⁻¹ (left preconditioning, as IDAS). Any
       daeadjoint linear solver set up for the iteration matrix (e.g. `DenseLU()`, exact:
-      GMRES then converges in one iteration after each setup), or a user
-      `Preconditioner(setup, solve)`. `None`: unpreconditioned (only for mildly stiff
-      problems: J ≈ cj F_y' must be well conditioned). P is built when the Newton
-      iteration sets up (the `num_jacobian_evals` counter counts these setups, IDAS's
-      npe) and reused across steps like a factorized Jacobian.
+      GMRES then converges in one iteration after each setup), or a user preconditioner:
+      `Preconditioner(setup, solve)` or a subclass of `AbstractPreconditioner`. `None`:
+      unpreconditioned (only for mildly stiff problems: J ≈ cj F_y' must be well
+      conditioned). P is built when the Newton iteration sets up (the
+      `num_jacobian_evals` counter counts these setups, IDAS's npe) and reused across
+      steps like a factorized Jacobian.
     - `maxl`: maximum Krylov dimension per cycle (IDAS default 5).
     - `max_restarts`: GMRES restarts per Newton solve (IDAS default 0; its food-web
       example uses 5).
@@ -306,7 +323,7 @@ class Krylov(AbstractLinearSolver):
       see `AbstractLinearSolver.auxiliary`): consistent initialization, consistent
       initial sensitivities, the adjoint's jumps. Default: `Krylov` with the same
       settings and the preconditioner's own `auxiliary()` (exact for `DenseLU`), or
-      without preconditioner when the preconditioner is a user `Preconditioner` (which
+      without preconditioner when the preconditioner is a user preconditioner (which
       only knows the iteration matrix) — give e.g. a banded or direct solver here for
       stiff problems with `init=` or with observations on algebraic variables.
 
@@ -316,7 +333,7 @@ class Krylov(AbstractLinearSolver):
     IDAGetNumPrecSolves) and `num_jtimes_evals` (IDAGetNumJtimesEvals).
     """
 
-    preconditioner: AbstractLinearSolver | None = None
+    preconditioner: AbstractLinearSolver | AbstractPreconditioner | None = None
     maxl: int = eqx.field(static=True, default=5)
     max_restarts: int = eqx.field(static=True, default=0)
     eplifac: float = EPLIFAC
@@ -339,31 +356,46 @@ class Krylov(AbstractLinearSolver):
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 0):
                 raise ValueError(f"Krylov({name}=...) must be a non-negative integer, got {v!r}.")
-        for name in ("preconditioner", "auxiliary_solver"):
-            v = getattr(self, name)
-            if v is not None and not isinstance(v, AbstractLinearSolver):
-                raise TypeError(
-                    f"Krylov({name}=...) must be a daeadjoint linear solver (e.g. DenseLU()) "
-                    f"or a daeadjoint.Preconditioner(setup, solve), got {v!r}.")
-        if self.preconditioner is not None and self.preconditioner.needs_operator:
+        pre, aux = self.preconditioner, self.auxiliary_solver
+        if pre is not None and not isinstance(pre, (AbstractLinearSolver,
+                                                    AbstractPreconditioner)):
+            raise TypeError(
+                "Krylov(preconditioner=...) must be a daeadjoint linear solver (e.g. "
+                "DenseLU()) or a daeadjoint.Preconditioner(setup, solve), got "
+                f"{pre!r}.")
+        if aux is not None and not isinstance(aux, AbstractLinearSolver):
+            raise TypeError("Krylov(auxiliary_solver=...) must be a daeadjoint linear solver "
+                            f"(e.g. DenseLU()), got {aux!r}.")
+        if isinstance(pre, AbstractLinearSolver) and pre.needs_operator:
             raise TypeError("Krylov(preconditioner=...) must be a fixed linear map (a "
                             "factorization or a Preconditioner), not another matrix-free "
                             "iterative solver.")
 
     def prepare(self, residual, t0, y0, yp0, args) -> "Krylov":
         """Prepare the preconditioner and auxiliary solver too (e.g. a `SparseLU`
-        preconditioner detects its pattern here)."""
+        preconditioner detects its pattern here); a user preconditioner is checked
+        (`check_preconditioner`) and its arrays put behind `stop_gradient`."""
         def prep(solver):
+            if isinstance(solver, AbstractPreconditioner):
+                check_preconditioner(solver, y0, args)
+                # Its own arrays (e.g. a parameter under jax.grad) only steer GMRES, like
+                # the values a user Jacobian closes over: no derivative flows through them.
+                return jax.tree_util.tree_map(
+                    lambda a: jax.lax.stop_gradient(a) if eqx.is_inexact_array(a) else a,
+                    solver)
             return None if solver is None else solver.prepare(residual, t0, y0, yp0, args)
 
         return dataclasses.replace(self, preconditioner=prep(self.preconditioner),
                                    auxiliary_solver=prep(self.auxiliary_solver))
 
     def setup(self, residual, t, y, yp, cj, args) -> Any:
-        if self.preconditioner is None:
+        pre = self.preconditioner
+        if pre is None:
             # Unpreconditioned: the state is the setup's cj, for `slow_mode_factor`.
             return jnp.asarray(cj, y.dtype)
-        return self.preconditioner.setup(residual, t, y, yp, cj, args)
+        if isinstance(pre, AbstractPreconditioner):
+            return pre.setup(t, y, yp, cj, args)
+        return pre.setup(residual, t, y, yp, cj, args)
 
     def solve(self, state, rhs, *, transpose=False, weights=None, operator=None):
         if operator is None:
@@ -381,6 +413,8 @@ class Krylov(AbstractLinearSolver):
         def apply_p_inv(r):
             if pre is None:
                 return r
+            if isinstance(pre, AbstractPreconditioner):
+                return jnp.asarray(pre.solve(state, r, transpose), r.dtype)
             return pre.solve(state, r, transpose=transpose)[0]
 
         exact = weights is None
@@ -440,7 +474,8 @@ class Krylov(AbstractLinearSolver):
         if self.auxiliary_solver is not None:
             return self.auxiliary_solver
         pre = self.preconditioner
-        if pre is None or isinstance(pre, Preconditioner):
+        aux_pre: AbstractLinearSolver | None
+        if pre is None or isinstance(pre, AbstractPreconditioner):
             aux_pre = None
         else:
             aux_pre = pre.auxiliary()

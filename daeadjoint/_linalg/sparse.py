@@ -28,6 +28,7 @@ n×n array, and factorized by one of two backends:
 
 import functools
 import warnings
+from typing import Literal, get_args
 
 import equinox as eqx
 import jax
@@ -35,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool
 
-from .banded import KERNELS, band_singular, factor_band, resolve_kernel, solve_band
+from .banded import KERNELS, Kernel, band_singular, factor_band, resolve_kernel, solve_band
 from .jacobian import (Sparsity, assemble, check_pattern, colour_columns,
                         compressed_jacobian, detect_sparsity, pattern_mismatch, seeds)
 from .klu import klu_singular, klu_solve, klujax as _klujax
@@ -106,6 +107,10 @@ def reverse_cuthill_mckee(sparsity: Sparsity) -> np.ndarray:
 # ------------------------------------------------------------------ the solver
 
 
+# How `SparseLU` factorizes (its `backend`).
+Backend = Literal["banded", "klu"]
+
+
 class SparseLU(AbstractLinearSolver):
     """Sparse direct LU of J = F_y + cj F_y': J assembled from its sparsity pattern by
     coloured `jax.jvp`s (one per colour: ~5–10 for a 2-D 5-point stencil, whatever n),
@@ -129,14 +134,14 @@ class SparseLU(AbstractLinearSolver):
     """
 
     sparsity: Sparsity | None = eqx.field(static=True, default=None)
-    backend: str = eqx.field(static=True, default="banded")
+    backend: Backend = eqx.field(static=True, default="banded")
     check: bool = eqx.field(static=True, default=True)
-    kernel: str = eqx.field(static=True, default="auto")
+    kernel: Kernel = eqx.field(static=True, default="auto")
 
     def __check_init__(self):
-        if self.backend not in ("banded", "klu"):
-            raise ValueError(f"SparseLU(backend=...) must be 'banded' or 'klu', got "
-                             f"{self.backend!r}.")
+        if self.backend not in get_args(Backend):
+            raise ValueError(f"SparseLU(backend=...) must be one of {get_args(Backend)}, "
+                             f"got {self.backend!r}.")
         if self.kernel not in KERNELS:
             raise ValueError(f"SparseLU(kernel=...) must be one of {KERNELS}, got "
                              f"{self.kernel!r}.")
