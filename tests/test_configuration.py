@@ -15,7 +15,7 @@ import pytest
 
 import daeadjoint as dae
 from daeadjoint._derivatives.reverse import AbstractAdjoint
-from problems import oscillator
+from .problems import oscillator
 
 RTOL = 1e-8
 # The exact-solution tests' bound (tests/test_events.py): 100·rtol, relative.
