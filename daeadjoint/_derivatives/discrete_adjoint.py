@@ -205,18 +205,18 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
         psi, k_used, h_used, ns = control
         t_new = jnp.where(valid, t_new, h_used * 0)
         h = jnp.where(valid, h, 1.0)
-        co = jax.lax.stop_gradient(set_coefficients(psi, h, k, k_used, h_used, ns, dtype))
-        phi_s = scale_history(phi, co["beta"], co["ns"], k)
-        phiq_s = scale_history(phiq, co["beta"], co["ns"], k)
-        y_pred, yp_pred = predict(phi_s, co["gamma"], k)
+        coef = jax.lax.stop_gradient(set_coefficients(psi, h, k, k_used, h_used, ns, dtype))
+        phi_s = scale_history(phi, coef.beta, coef.ns, k)
+        phiq_s = scale_history(phiq, coef.beta, coef.ns, k)
+        y_pred, yp_pred = predict(phi_s, coef.gamma, k)
         # The forward step's evaluation time (`_integrator.evaluation_time`).
         t_eval = t_new if bps is None else jnp.where(jnp.any(bps == t_new), before(t_new), t_new)
-        e = _corrector(solver, F, t_eval, y_pred, yp_pred, co["cj"], (p, pst_arrays), adjoint.newton_iters)
-        y, yp = y_pred + e, yp_pred + co["cj"] * e
-        _, ypq_pred = predict(phiq_s, co["gamma"], k)
-        eq = (Q(t_eval, y, yp, p) - ypq_pred) / co["cj"]
+        e = _corrector(solver, F, t_eval, y_pred, yp_pred, coef.cj, (p, pst_arrays), adjoint.newton_iters)
+        y, yp = y_pred + e, yp_pred + coef.cj * e
+        _, ypq_pred = predict(phiq_s, coef.gamma, k)
+        eq = (Q(t_eval, y, yp, p) - ypq_pred) / coef.cj
         new = (complete_history(phi_s, e, k), complete_history(phiq_s, eq, k),
-               (co["psi"], k, h, co["ns"]))
+               (coef.psi, k, h, coef.ns))
         new = jax.tree_util.tree_map(lambda x, y_: jnp.where(valid, x, y_), new, carry)
         return new, (new[0], new[1], new[2][0], new[2][1])
 
