@@ -605,10 +605,10 @@ class Failure(NamedTuple):
 def handle_failure(problem: Problem, s: State, corrector: Corrector, test: ErrorTest,
                    converged, passed, redo, h, k) -> Failure:
     """The retry after a failed attempt (IDAS `IDAHandleNFlag`, manual §6.2.2): after a
-    convergence failure h is cut by 1/4 (or by the constraint's η) at the same order;
-    after the first error-test failure by η = 0.9 (2 err_knew + 10⁻⁴)^(−1/(knew+1))
-    clipped to [0.25, 0.9] at the order the error test chose, after the second by 1/4,
-    and from the third on the order drops to 1. A sensitivity `redo` keeps h and k. On
+    convergence failure h ← h/4 (or η h with the constraint's η) at the same order;
+    after the first error-test failure h ← η h, η = 0.9 (2 err_knew + 10⁻⁴)^(−1/(knew+1))
+    clipped to [0.25, 0.9], at the order the error test chose; after the second h ← h/4;
+    from the third on also the order drops to 1. A sensitivity `redo` keeps h and k. On
     the very first step φ_1 = h y'_0 and ψ_0 = h are rescaled with h (IDAS `IDAReset`)."""
     conv_fail = ~converged & ~redo
     error_fail = converged & ~passed
