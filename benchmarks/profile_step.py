@@ -263,6 +263,16 @@ class Program:
                 total += self.thunks(c)
         return total
 
+    def composition(self) -> Counter:
+        """Non-free instructions of the whole module (fused bodies included) by region
+        (`region_of`): what the compiler works through."""
+        out = Counter()
+        for instrs in self.comps.values():
+            for op, _, sf in instrs:
+                if op not in FREE:
+                    out[region_of(self.funcs(sf))] += 1
+        return out
+
     def funcs(self, sf):
         return self.frames.get(sf, [])
 
@@ -379,6 +389,44 @@ def phase_of(stack) -> str:
     return "other: " + next((_short(fn) for f, fn, _ in stack if _is_lib(f)), stack[0][1])
 
 
+REGIONS = ["forward steps", "replay steps", "adjoint steps", "output writing",
+           "initial values", "derivative set-up (outside steps)", "other", "no source"]
+
+
+def region_of(stack) -> str:
+    """The part of a program an instruction belongs to, from its call stack."""
+    if not stack:
+        return "no source"
+    names = {_short(fn) for f, fn, _ in stack if _is_lib(f)}
+    files = {Path(f).name for f, _, _ in stack if _is_lib(f)}
+    if "attempt_step" in names:
+        if "replay_segment" in names:
+            return "replay steps"
+        if "adjoint.py" in files or "discrete_adjoint.py" in files:
+            return "adjoint steps"
+        return "forward steps"
+    if "write_outputs" in names:
+        return "output writing"
+    if files & {"_consistency.py", "_initialization.py"}:
+        return "initial values"
+    if files & {"adjoint.py", "discrete_adjoint.py", "autodiff.py", "tangents.py",
+                "forward_sensitivity.py", "augmented.py", "batching.py"}:
+        return "derivative set-up (outside steps)"
+    return "other"
+
+
+def model_copies(prog: Program) -> int:
+    """Instructions whose innermost frame is the model's residual (copies of its trace,
+    in every residual and Jacobian evaluation of the program)."""
+    n = 0
+    for instrs in prog.comps.values():
+        for op, _, sf in instrs:
+            st = prog.funcs(sf)
+            if op not in FREE and st and not _is_lib(st[0][0]) and "problems.py" in st[0][0]:
+                n += 1
+    return n
+
+
 def loop_name(prog: Program, sf) -> str:
     """A while/conditional named by the innermost daeadjoint function issuing it."""
     stack = prog.funcs(sf)
@@ -451,8 +499,9 @@ def compile_program(fn, *x):
     t_comp, compiled = _timed(lowered.compile)
     shlo = sum(1 for line in lowered.as_text().splitlines()
                if re.search(r"\b(stablehlo|chlo|mhlo)\.\w+", line))
-    return dict(trace=t_trace, lower=t_lower, compile=t_comp, stablehlo=shlo), \
-        Program(compiled), compiled
+    prog = Program(compiled)
+    return dict(trace=t_trace, lower=t_lower, compile=t_comp, stablehlo=shlo,
+                regions=prog.composition(), model=model_copies(prog)), prog, compiled
 
 
 def wall(compiled, *x, repeats=5):
@@ -741,6 +790,14 @@ def report(results, args_ns):
             total = ct["trace"] + ct["lower"] + ct["compile"]
             print(f"| {name} | {ct['trace']:.2f} | {ct['lower']:.2f} | {ct['compile']:.2f} | "
                   f"{total:.2f} | {ct['stablehlo']} | {instrs} | {thunks} |")
+        print("\nHLO instructions by region (fused bodies included; 'model' = instructions "
+              "of the model's residual, all its copies):\n")
+        print("| program | " + " | ".join(REGIONS) + " | model |")
+        print("|---" * (len(REGIONS) + 2) + "|")
+        for name, (ct, _) in r["programs"].items():
+            reg = ct["regions"]
+            print(f"| {name} | " + " | ".join(str(reg.get(k, 0)) for k in REGIONS)
+                  + f" | {ct['model']} |")
 
 
 def main():

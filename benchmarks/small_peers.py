@@ -8,7 +8,9 @@ jitted JAX program; ODE form, forward only here) and IDAS (casadi, gcc-compiled 
 All on `problems.robertson()`: 0 … 4e10, 12 outputs, rtol 1e-6, atol (1e-10, 1e-14, 1e-8)
 (the diffsol peers in scaled unknowns, which reproduces IDAS's per-component atol
 exactly; see `peers.ROBERTSON_DIFFSL`). Gradient: dG/dp of G = ∫_0^4e10 y3 dt, daeadjoint
-by `Adjoint(atol=1e-8)` (as benchmarks/gradients.py), pydiffsol by its continuous adjoint.
+by `Adjoint(atol=1e-8)` (as benchmarks/gradients.py), pydiffsol by its continuous adjoint
+(adjoint atol 1e-8; forward atol 1e-10 for all components, see
+`peers.prepare_pydiffsol_gradient`).
 Batches: p1 scaled by 10**linspace(-0.5, 0.5, N); `jit(vmap)` for the JAX solvers, a
 Python loop of warm calls for the others. "first call" is the compile or build time (JAX:
 first call minus a warm one; vmap: ahead-of-time compile; pydiffsol: building the model).
