@@ -22,12 +22,12 @@ What is measured and how
    loops, ...) once per trip. Thunks are attributed to phases by the Python call stack
    XLA keeps for each instruction (the module's stack-frame index: file, function and
    line of every frame) — no annotation in the library is needed.
-2. **µs per step (rough under load).** (a) The whole step: the warm median wall time of
+2. **µs per step (rough under load).** (a) The whole step: the fastest warm wall time of
    the jitted solve divided by its step attempts (accepted + failed). (b) The phases:
    each phase as an isolated jitted function of a realistic mid-solve state (integrated
    to t_mid by the library's own loop), called N times in a `lax.fori_loop` whose carry
    passes through `lax.optimization_barrier` (so nothing is hoisted out of the loop),
-   minus the same loop with an empty phase; median of repeats. Isolated phases run in a
+   minus the same loop with an empty phase; the fastest of the repeats. Isolated phases run in a
    loop of their own, so the sum of the phases is not the in-loop step (different
    buffer sizes can move XLA's CPU runtime between sequential and thread-pool
    execution, see docs/performance.md). (c) Sensitivity hook: µs per attempt of the
@@ -52,7 +52,6 @@ import functools
 import os
 import platform
 import re
-import statistics
 import sys
 import time
 from collections import Counter, defaultdict
@@ -68,6 +67,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+# Keep every frame of an instruction's Python stack in the HLO metadata (default: the
+# innermost 10, which loses `attempt_step` under the derivative rules).
+jax.config.update("jax_traceback_in_locations_limit", 1000)
 
 import daeadjoint as dae  # noqa: E402
 import problems  # noqa: E402
@@ -454,6 +456,20 @@ def step_loops(prog: Program) -> list:
     return out
 
 
+def loop_tree(prog: Program) -> list[str]:
+    """Every while/conditional of a program with its thunks per run (directly, and with
+    everything nested). Inside `jax.grad` / `jax.jacfwd` the instructions carry the stack
+    of the derivative rule's call site only, so loops there are known by their nesting:
+    a step loop holds the Newton loop, which holds the one-trip `maybe_update` loops."""
+    lines = []
+    for depth, op, sf, called in prog.loops():
+        direct = len(prog.direct(called))
+        total = sum(1 for _ in prog.subtree(called))
+        lines.append(f"{'  ' * depth}- {op} `{loop_name(prog, sf)}`: {direct} thunks per run "
+                     f"({total} with nested)")
+    return lines
+
+
 def profile_loop(prog: Program, called) -> dict:
     """Per-phase thunks of a step loop: run every attempt (body + condition), per Newton
     iteration, and in other nested sequences (run only when taken)."""
@@ -490,24 +506,29 @@ def _timed(fn, *a):
     return time.perf_counter() - t, out
 
 
-def compile_program(fn, *x):
-    """(trace s, lower s, compile s, StableHLO ops, Program, compiled)."""
+def compile_program(fn, *x, compile=True):
+    """(trace s, lower s, compile s, StableHLO ops, Program, compiled); with
+    compile=False only traced and lowered (compile s and the HLO counts are None)."""
     jax.clear_caches()   # each program traced from scratch (inner jits are cached)
     jitted = jax.jit(fn)
     t_trace, traced = _timed(jitted.trace, *x)
     t_lower, lowered = _timed(traced.lower)
-    t_comp, compiled = _timed(lowered.compile)
     shlo = sum(1 for line in lowered.as_text().splitlines()
                if re.search(r"\b(stablehlo|chlo|mhlo)\.\w+", line))
+    if not compile:
+        return dict(trace=t_trace, lower=t_lower, compile=None, stablehlo=shlo, regions={},
+                    model=None), None, None
+    t_comp, compiled = _timed(lowered.compile)
     prog = Program(compiled)
     return dict(trace=t_trace, lower=t_lower, compile=t_comp, stablehlo=shlo,
                 regions=prog.composition(), model=model_copies(prog)), prog, compiled
 
 
 def wall(compiled, *x, repeats=5):
+    """Fastest of `repeats` warm calls: on a shared machine the minimum is the estimate
+    least disturbed by other processes (medians moved 3x between runs here)."""
     jax.block_until_ready(compiled(*x))
-    return statistics.median(_timed(lambda: jax.block_until_ready(compiled(*x)))[0]
-                             for _ in range(repeats))
+    return min(_timed(lambda: jax.block_until_ready(compiled(*x)))[0] for _ in range(repeats))
 
 
 def attempts(stats) -> int:
@@ -692,6 +713,7 @@ def profile_case(case: Case, args_ns) -> dict:
     out["rec_ms"] = wall(comp_r, a, repeats=reps) * 1e3
     out["bwd_ms"] = wall(comp_b, vjp_fn, one, repeats=reps) * 1e3
     out["bwd_loops"] = {name: profile_loop(prog_b, called) for name, called in step_loops(prog_b)}
+    out["bwd_tree"] = loop_tree(prog_b)
     with BackwardCounter() as counter:
         jax.clear_caches()
         jax.block_until_ready(jax.jit(lambda f, c: f(c))(vjp_fn, one))
@@ -706,14 +728,15 @@ def profile_case(case: Case, args_ns) -> dict:
     out["jac_ms"] = wall(comp_j, a, repeats=reps) * 1e3
     out["jac_attempts"] = attempts(jstats)
     out["jac_loops"] = {name: profile_loop(prog_j, called) for name, called in step_loops(prog_j)}
+    out["jac_tree"] = loop_tree(prog_j)
     ab = jnp.broadcast_to(a, (batch,) + a.shape) * jnp.linspace(0.9, 1.1, batch)[:, None]
     ct, prog_v, _ = compile_program(jax.vmap(case.forward), ab)
     out["programs"][f"vmap (batch {batch})"] = (ct, prog_v.size())
     ct, prog_vg, _ = compile_program(jax.vmap(jax.grad(case.G)), ab)
     out["programs"][f"vmap(grad) (batch {batch})"] = (ct, prog_vg.size())
-    if args_ns.hessian:
-        ct, prog_h, _ = compile_program(jax.hessian(case.G), a)
-        out["programs"]["hessian"] = (ct, prog_h.size())
+    # jax.hessian: traced and lowered always, compiled (minutes) with --hessian
+    ct, prog_h, _ = compile_program(jax.hessian(case.G), a, compile=args_ns.hessian)
+    out["programs"]["hessian"] = (ct, prog_h.size() if prog_h else (None, None))
     # isolated phases
     out["phases_us"] = phase_timings(case, 200 if args_ns.quick else 500, reps)
     return out
@@ -782,11 +805,18 @@ def report(results, args_ns):
                              ("backward", r["bwd_loops"])):
             for name, prof in loops.items():
                 print_loop(f"{title} — {name}", prof)
+        for title, key in (("jacfwd", "jac_tree"), ("backward pass of grad", "bwd_tree")):
+            print(f"\nloops of the {title} program:\n")
+            print("\n".join(r[key]))
         print("\ncompile time by program (s) and size:\n")
         print("| program | trace | lower | XLA compile | total | StableHLO ops | "
               "HLO instructions | thunks |")
         print("|---|---|---|---|---|---|---|---|")
         for name, (ct, (instrs, thunks)) in r["programs"].items():
+            if ct["compile"] is None:
+                print(f"| {name} | {ct['trace']:.2f} | {ct['lower']:.2f} | not compiled "
+                      f"(--hessian) | – | {ct['stablehlo']} | – | – |")
+                continue
             total = ct["trace"] + ct["lower"] + ct["compile"]
             print(f"| {name} | {ct['trace']:.2f} | {ct['lower']:.2f} | {ct['compile']:.2f} | "
                   f"{total:.2f} | {ct['stablehlo']} | {instrs} | {thunks} |")
@@ -796,6 +826,8 @@ def report(results, args_ns):
         print("|---" * (len(REGIONS) + 2) + "|")
         for name, (ct, _) in r["programs"].items():
             reg = ct["regions"]
+            if ct["model"] is None:
+                continue
             print(f"| {name} | " + " | ".join(str(reg.get(k, 0)) for k in REGIONS)
                   + f" | {ct['model']} |")
 
