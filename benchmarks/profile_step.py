@@ -1,6 +1,6 @@
 """Where the time of a small solve goes: one BDF step by phase, and compile time by program.
 
-    OPENBLAS_NUM_THREADS=1 python benchmarks/profile_step.py            # ~3-6 min
+    OPENBLAS_NUM_THREADS=1 python benchmarks/profile_step.py            # ~5-15 min
     OPENBLAS_NUM_THREADS=1 python benchmarks/profile_step.py --quick    # fewer repeats
     OPENBLAS_NUM_THREADS=1 python benchmarks/profile_step.py --hessian  # + jax.hessian (slow)
 
@@ -32,9 +32,13 @@ What is measured and how
    buffer sizes can move XLA's CPU runtime between sequential and thread-pool
    execution, see docs/performance.md). (c) Sensitivity hook: µs per attempt of the
    `jacfwd` program minus that of the forward program. (d) Backward pass: the
-   `jax.vjp` backward function timed alone; its replay and adjoint step counts (and a
-   rough split of its time) from a second compilation with a host callback at the end
-   of every backward `integrate` call.
+   `jax.vjp` backward function timed alone; its replay and adjoint step attempts
+   counted in a second compilation with a host callback at the end of every backward
+   `integrate` call; an adjoint attempt's µs estimated by charging each replay attempt
+   the recording forward's rate.
+   Inside `jax.grad` / `jax.jacfwd` XLA's metadata carries only the derivative rule's
+   call site, so the loops of those programs are listed by nesting (`loop_tree`), not
+   attributed to phases.
 3. **Compile time by program**, split as `jax.jit(f).trace(x)` (Python tracing),
    `.lower()` (to StableHLO) and `.compile()` (XLA), with the program's size: StableHLO
    ops before optimization, HLO instructions and thunks after.
