@@ -366,7 +366,7 @@ def ida_gradient(run, case: ts.GradientCase, keys, rtol: float):
     """θ·∂y_k/∂θ by second-order central differences of IDA solves (relative step
     rtol^(1/3)): 2 solves per parameter."""
     h = rtol ** (1.0 / 3.0)
-    _, pv = None, _flat_params(case.problem)[1]
+    pv = _flat_params(case.problem)[1]
     out = []
     for k in case.keys:
         i = keys.index(k)
@@ -382,11 +382,17 @@ def interleaved(fns, repeats: int):
     firsts, outs = [], []
     for fn in fns:
         t = time.perf_counter()
-        outs.append(jax.block_until_ready(fn()))
+        try:
+            outs.append(jax.block_until_ready(fn()))
+        except Exception as e:   # noqa: BLE001 - a failed method is a row of the table
+            outs.append(e)
         firsts.append(time.perf_counter() - t)
     walls = [[] for _ in fns]
     for _ in range(repeats):
-        for w, fn in zip(walls, fns):
+        for w, fn, o in zip(walls, fns, outs):
+            if isinstance(o, Exception):
+                w.append(float("nan"))
+                continue
             t = time.perf_counter()
             jax.block_until_ready(fn())
             w.append(time.perf_counter() - t)
@@ -399,6 +405,9 @@ def versus_ida(names, rtols, repeats: int, methods, gradients: bool = True):
         pr = ts.PROBLEMS[name]
         keys, pv = _flat_params(pr)
         ours, ida = ours_forward(pr, pr.t1, keys), ida_forward(pr, pr.t1, keys)
+        # rtol is traced: one compilation per problem and function serves all rtols
+        grads = ({m: ours_gradient(pr, ts.GRADIENT_CASES[VS_IDA_CASES[name]], keys, m)
+                  for m in methods} if gradients and name in VS_IDA_CASES else {})
         for rtol in rtols:
             print(f"  {name} rtol {rtol:g}: forward", file=sys.stderr, flush=True)
             (f0, w0, (y0, s0, r0)), (_, w1, (y1, s1)) = interleaved(
@@ -419,7 +428,6 @@ def versus_ida(names, rtols, repeats: int, methods, gradients: bool = True):
                 return np.max(np.abs(g - case.fd) / scale) if np.all(np.isfinite(g)) \
                     else float("nan")
 
-            grads = {m: ours_gradient(pr, case, keys, m) for m in methods}
             print(f"  {name} rtol {rtol:g}: gradients {', '.join(grads)}", file=sys.stderr,
                   flush=True)
             fns = [lambda g=g: g(pv, rtol) for g in grads.values()]
@@ -427,6 +435,10 @@ def versus_ida(names, rtols, repeats: int, methods, gradients: bool = True):
             res = interleaved(fns, repeats)
             ida_g = res[-1]
             for m, (f, w, g) in zip(grads, res[:-1]):
+                if isinstance(g, Exception):
+                    grad_rows.append(f"| {name} | {rtol:g} | daeadjoint {m} | "
+                                     f"{len(case.keys)} | {error_line(g)} | | | | |")
+                    continue
                 grad_rows.append(
                     f"| {name} | {rtol:g} | daeadjoint {m} | {len(case.keys)} | {err(g):.1e} | "
                     f"{w:.3g} | {w / w0:.2f} | {f:.3g} | {w / ida_g[1]:.2f} |")
@@ -434,8 +446,7 @@ def versus_ida(names, rtols, repeats: int, methods, gradients: bool = True):
                 f"| {name} | {rtol:g} | IDA, central differences ({2 * len(case.keys)} "
                 f"solves) | {len(case.keys)} | {err(ida_g[2]):.1e} | {ida_g[1]:.3g} | "
                 f"{ida_g[1] / w1:.2f} | – | 1 |")
-            jax.clear_caches()      # see main()
-        jax.clear_caches()
+        jax.clear_caches()      # see main()
 
     print("\n## Forward solves: daeadjoint and IDA side by side (rtol = atol)\n")
     print("| problem | n | rtol | steps | scd | mescd | s (median) | first call s | "
