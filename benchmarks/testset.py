@@ -399,8 +399,16 @@ def interleaved(fns, repeats: int):
     return [(f, statistics.median(w), o) for f, w, o in zip(firsts, walls, outs)]
 
 
+class _Rows(list):
+    """Table rows, each also written to stderr at once (a long run's partial results)."""
+
+    def append(self, row):
+        print(row, file=sys.stderr, flush=True)
+        super().append(row)
+
+
 def versus_ida(names, rtols, repeats: int, methods, gradients: bool = True):
-    fwd_rows, grad_rows = [], []
+    fwd_rows, grad_rows = _Rows(), _Rows()
     for name in names:
         pr = ts.PROBLEMS[name]
         keys, pv = _flat_params(pr)
