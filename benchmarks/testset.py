@@ -4,7 +4,7 @@ forward accuracy and cost, and gradients compared with central differences.
     python benchmarks/testset.py                     # everything (~1.5 h on 2 cores)
     python benchmarks/testset.py --problems transistor,akzo --no-gradients
     python benchmarks/testset.py --problems nand --nand-t1 10,15 --rtols 1e-6
-    python benchmarks/testset.py --vs-ida            # the side-by-side table (~15 min)
+    python benchmarks/testset.py --vs-ida            # the side-by-side table (1 h, busy 2 cores)
 
 The problems are those of ``tests/testset.py`` (residuals with the physical parameters
 in a dict, the Test Set's reference solutions and accuracy measures), including the
