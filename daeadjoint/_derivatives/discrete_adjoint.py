@@ -21,9 +21,9 @@ Its VJP is the discrete adjoint: per step one transposed solve with J = F_y + cj
 Memory: the forward pass keeps the step sequence (three numbers per step) and a
 hot-restart checkpoint every `segment` steps; the backward pass replays one segment at a
 time from its checkpoint and applies that segment's VJP — O(max_steps/segment · n +
-segment · n), like the continuous adjoint, once segment · n² passes `STORED_FACTORS_LIMIT`
-(below it the segment's VJP keeps each step's Newton matrix, segment · n² numbers, rather
-than recompute the steps).
+segment · n), like the continuous adjoint, once the segment's linear-solver setups
+(segment · n² numbers for a dense LU) would pass `STORED_FACTORS_LIMIT` (below it the
+segment's VJP keeps each step's setup rather than recompute the steps).
 """
 
 import dataclasses
@@ -44,8 +44,9 @@ from .._results import RESULTS, succeeded
 from .tangents import _restrict
 
 
-# Above this many numbers of stored Newton matrices per segment (segment · n²) the
-# discrete adjoint recomputes each step in its backward pass (see `step_body`).
+# Above this many numbers of stored linear-solver setups per segment (segment · n² for
+# a dense LU) the discrete adjoint recomputes each step in its backward pass (see
+# `step_body`).
 STORED_FACTORS_LIMIT = 2**23
 
 
@@ -59,9 +60,9 @@ class DiscreteAdjoint(eqx.Module):
     **Arguments:**
 
     - `segment`: steps replayed and differentiated together (checkpoint spacing).
-      Memory O(max_steps/segment · n + segment · n), plus segment · n² while that is
-      under 2²³ numbers (the replayed steps' Newton matrices, kept rather than
-      recomputed).
+      Memory O(max_steps/segment · n + segment · n), plus the replayed steps' linear
+      solver setups (segment · n² numbers for a dense LU) while those are under 2²³
+      numbers (kept rather than recomputed).
     - `newton_iters`: Newton iterations (Jacobian at the predictor) of each replayed
       corrector; the replay must converge each step to rounding for the implicit-function
       derivative to be exact.
@@ -230,12 +231,16 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
         return new, (new[0], new[1], new[2][0], new[2][1])
 
     def step_body(body):
-        # `jax.vjp` of the segment keeps every step's residuals, its Newton matrix and
-        # factors among them: N·n² numbers. Where those would pass 2²³ (64 MiB in
-        # float64) each step is recomputed in the backward pass instead, leaving O(N·n):
-        # on a 350-unknown DAE with N = 50 the temporaries went from 88 to 42 MiB and the
-        # gradient took 20 % longer; below the threshold keeping them is the faster way.
-        return jax.checkpoint(body) if N * n * n > STORED_FACTORS_LIMIT else body
+        # `jax.vjp` of the segment keeps every step's residuals, the linear solver's
+        # setup (a dense LU: n² numbers) among them. Where N of those would pass 2²³
+        # numbers (64 MiB in float64) each step is recomputed in the backward pass
+        # instead, leaving O(N·n): on a 350-unknown DAE with N = 50 (dense LU) the
+        # temporaries went from 88 to 42 MiB and the gradient took 20 % longer; below
+        # the threshold keeping them is the faster way.
+        setup = jax.eval_shape(lambda: solver.setup(F, t0, y0c, yp0c, jnp.ones((), dtype),
+                                                    (p_flat, pst_arrays)))
+        stored = sum(x.size for x in jax.tree_util.tree_leaves(setup))
+        return jax.checkpoint(body) if N * stored > STORED_FACTORS_LIMIT else body
 
     def segment(c, phi, phiq, control, p):
         """Steps cN … cN+N−1 from (φ, φ_Q) with the step data frozen; returns the end
