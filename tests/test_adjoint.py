@@ -460,8 +460,8 @@ def test_failed_continuous_adjoint_falls_back_to_the_discrete_adjoint():
 
 
 def test_discrete_adjoint_recomputing_steps(monkeypatch):
-    """Above `STORED_FACTORS_LIMIT` numbers of Newton matrices per segment the discrete
-    adjoint recomputes each replayed step in its backward pass instead of keeping it
+    """Above `STORED_FACTORS_LIMIT` numbers of linear-solver setups per segment the
+    discrete adjoint recomputes each replayed step in its backward pass instead of keeping it
     (`jax.checkpoint`). Forced here on R3 (limit 0) with segments of 7 steps: the same
     gradient as the stored path (the recomputation repeats the same arithmetic; 1e-12
     relative leaves room for the compiler ordering it differently) and 2/e within
