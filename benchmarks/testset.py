@@ -4,6 +4,7 @@ forward accuracy and cost, and gradients compared with central differences.
     python benchmarks/testset.py                     # everything (~1.5 h on 2 cores)
     python benchmarks/testset.py --problems transistor,akzo --no-gradients
     python benchmarks/testset.py --problems nand --nand-t1 10,15 --rtols 1e-6
+    python benchmarks/testset.py --vs-ida            # the side-by-side table (1 h, busy 2 cores)
 
 The problems are those of ``tests/testset.py`` (residuals with the physical parameters
 in a dict, the Test Set's reference solutions and accuracy measures), including the
@@ -29,6 +30,9 @@ transistor amplifier rewritten in semi-explicit form (``transistor_semi_explicit
    method that fails prints the solver's status (``throw=True``; ``jax.jacfwd`` reports
    the forward status instead, since it returns NaN without raising). Compiled programs
    are dropped after each case (``jax.clear_caches``).
+3. ``--vs-ida``: side by side with SUNDIALS IDA (scikit-sundae) on the same residual,
+   initial values and tolerances, for the forward solve and the gradient (see
+   ``versus_ida``); only this table is produced.
 """
 
 from __future__ import annotations
@@ -259,6 +263,200 @@ def gradient_case(pr: ts.Problem, t1: float, rtol: float, fd_rtol: float, fd_ste
               f"{'' if first is None else f'{first:.3g}'} |", flush=True)
 
 
+# ------------------------------------------------------------------------ vs IDA
+#
+# Forward: y(t1) by daeadjoint (`jax.jit` of the solve, p and rtol traced) and by
+# SUNDIALS IDA through scikit-sundae on the same residual, initial values and rtol = atol.
+# IDA's residual is the same JAX function compiled by `jax.jit` and called from IDA's C
+# code through Python, its Jacobian F_y + c_j F_y' by `jax.jacfwd` (also compiled): IDA's
+# own difference-quotient Jacobian would cost n more residual calls per Jacobian
+# through Python. Neither solver is told the inputs' breakpoints (IDA's runs go through
+# the NAND gate's kinks as daeadjoint's do).
+#
+# Gradient: p·∂y_k(t1)/∂p for the cases of `tests/testset.py` (GRADIENT_CASES), scored
+# against their stored fourth-order central differences of tight forward solves.
+# scikit-sundae has no sensitivity analysis, so IDA's column is what a user of it would
+# do: second-order central differences of 2·(number of parameters) IDA solves at the
+# same rtol, relative step h = rtol^(1/3) (balances the truncation error ~h² against the
+# solves' noise ~rtol/h).
+
+VS_IDA_CASES = {"transistor": "transistor", "nand": "nand", "akzo": "akzo"}
+
+
+def _flat_params(pr: ts.Problem):
+    keys = tuple(pr.p)
+    p0 = pr.params()
+    return keys, jnp.stack([p0[k] for k in keys])
+
+
+def ida_forward(pr: ts.Problem, t1: float, keys, max_steps: int = 1_000_000):
+    """pv, rtol ↦ (y(t1), steps) by IDA (scikit-sundae); pv: all parameters, flat."""
+    from sksundae.ida import IDA
+
+    def res(t, y, yp, pv):
+        return pr.residual(t, y, yp, dict(zip(keys, pv)))
+
+    F = jax.jit(res)
+    J = jax.jit(lambda t, y, yp, pv, cj: jax.jacfwd(res, 1)(t, y, yp, pv)
+                + cj * jax.jacfwd(res, 2)(t, y, yp, pv))
+    init = jax.jit(lambda pv: pr.initial(dict(zip(keys, pv))))
+    alg = None if pr.algebraic is None else [int(i) for i in np.flatnonzero(pr.algebraic)]
+
+    def run(pv, rtol):
+        y0, yp0 = (np.asarray(v) for v in init(pv))
+
+        def resfn(t, y, yp, out):
+            out[:] = F(t, y, yp, pv)
+
+        def jacfn(t, y, yp, out, cj, JJ):
+            JJ[:, :] = J(t, y, yp, pv, cj)
+
+        solver = IDA(resfn, rtol=rtol, atol=rtol, jacfn=jacfn, algebraic_idx=alg,
+                     max_num_steps=max_steps)
+        sol = solver.solve(np.array([pr.t0, t1]), y0, yp0)
+        if not sol.success:
+            raise RuntimeError(f"IDA: {sol.message}")
+        return np.asarray(sol.y[-1]), len(sol.t) - 1
+    return run
+
+
+def ours_forward(pr: ts.Problem, t1: float, keys, max_steps: int = 1_000_000):
+    alg = None if pr.algebraic is None else jnp.asarray(pr.algebraic)
+
+    @jax.jit
+    def run(pv, rtol):
+        p = dict(zip(keys, pv))
+        y0, yp0 = pr.initial(p)
+        sol = dae.solve(pr.residual, pr.t0, t1, y0, yp0, args=p, algebraic=alg, rtol=rtol,
+                        atol=rtol, max_steps=max_steps)
+        return sol.ys[-1], sol.stats["num_steps"], sol.result._value
+    return run
+
+
+def ours_gradient(pr: ts.Problem, case: ts.GradientCase, keys, method: str):
+    """pv, rtol ↦ θ·∂y_k(t1)/∂θ, θ = the case's parameters (entries of pv)."""
+    alg = None if pr.algebraic is None else jnp.asarray(pr.algebraic)
+    idx = jnp.asarray([keys.index(k) for k in case.keys])
+    sens = dae.DiscreteAdjoint() if method == "DiscreteAdjoint()" else None
+
+    def output(theta, pv, rtol):
+        p = dict(zip(keys, pv.at[idx].set(theta)))
+        y0, yp0 = pr.initial(p)
+        sol = dae.solve(pr.residual, pr.t0, case.t1, y0, yp0, args=p, algebraic=alg,
+                        rtol=rtol, atol=rtol, sensitivity=sens, max_steps=1_000_000)
+        return sol.ys[-1, case.comp]
+
+    d = jax.jacfwd(output) if method == "jacfwd" else jax.grad(output)
+    return jax.jit(lambda pv, rtol: pv[idx] * d(pv[idx], pv, rtol))
+
+
+def ida_gradient(run, case: ts.GradientCase, keys, rtol: float):
+    """θ·∂y_k/∂θ by second-order central differences of IDA solves (relative step
+    rtol^(1/3)): 2 solves per parameter."""
+    h = rtol ** (1.0 / 3.0)
+    pv = _flat_params(case.problem)[1]
+    out = []
+    for k in case.keys:
+        i = keys.index(k)
+        yp_ = run(pv.at[i].multiply(1.0 + h), rtol)[0][case.comp]
+        ym_ = run(pv.at[i].multiply(1.0 - h), rtol)[0][case.comp]
+        out.append((yp_ - ym_) / (2.0 * h))
+    return np.array(out)
+
+
+def interleaved(fns, repeats: int):
+    """First call of each (compilation for JAX), then `repeats` rounds calling each in
+    turn: (first-call s, median s, output) per function."""
+    firsts, outs = [], []
+    for fn in fns:
+        t = time.perf_counter()
+        try:
+            outs.append(jax.block_until_ready(fn()))
+        except Exception as e:   # noqa: BLE001 - a failed method is a row of the table
+            outs.append(e)
+        firsts.append(time.perf_counter() - t)
+    walls = [[] for _ in fns]
+    for _ in range(repeats):
+        for w, fn, o in zip(walls, fns, outs):
+            if isinstance(o, Exception):
+                w.append(float("nan"))
+                continue
+            t = time.perf_counter()
+            jax.block_until_ready(fn())
+            w.append(time.perf_counter() - t)
+    return [(f, statistics.median(w), o) for f, w, o in zip(firsts, walls, outs)]
+
+
+class _Rows(list):
+    """Table rows, each also written to stderr at once (a long run's partial results)."""
+
+    def append(self, row):
+        print(row, file=sys.stderr, flush=True)
+        super().append(row)
+
+
+def versus_ida(names, rtols, repeats: int, methods, gradients: bool = True):
+    fwd_rows, grad_rows = _Rows(), _Rows()
+    for name in names:
+        pr = ts.PROBLEMS[name]
+        keys, pv = _flat_params(pr)
+        ours, ida = ours_forward(pr, pr.t1, keys), ida_forward(pr, pr.t1, keys)
+        # rtol is traced: one compilation per problem and function serves all rtols
+        grads = ({m: ours_gradient(pr, ts.GRADIENT_CASES[VS_IDA_CASES[name]], keys, m)
+                  for m in methods} if gradients and name in VS_IDA_CASES else {})
+        for rtol in rtols:
+            print(f"  {name} rtol {rtol:g}: forward", file=sys.stderr, flush=True)
+            (f0, w0, (y0, s0, r0)), (_, w1, (y1, s1)) = interleaved(
+                [lambda: ours(pv, rtol), lambda: ida(pv, rtol)], repeats)
+            status = STATUS.get(int(r0), int(r0))
+            fwd_rows.append(
+                f"| {name} | {pr.n} | {rtol:g} | {int(s0)} | {pr.scd(y0):.2f} | "
+                f"{pr.mescd(y0, rtol, rtol):.2f} | {w0:.3g} | {f0:.3g} | {s1} | "
+                f"{pr.scd(y1):.2f} | {pr.mescd(y1, rtol, rtol):.2f} | {w1:.3g} | "
+                f"{w0 / w1:.2f} |" + ("" if status == "successful" else f" {status}"))
+            if not gradients or name not in VS_IDA_CASES:
+                continue
+            case = ts.GRADIENT_CASES[VS_IDA_CASES[name]]
+            scale = np.abs(case.fd)
+
+            def err(g):
+                g = np.asarray(g)
+                return np.max(np.abs(g - case.fd) / scale) if np.all(np.isfinite(g)) \
+                    else float("nan")
+
+            print(f"  {name} rtol {rtol:g}: gradients {', '.join(grads)}", file=sys.stderr,
+                  flush=True)
+            fns = [lambda g=g: g(pv, rtol) for g in grads.values()]
+            fns.append(lambda: ida_gradient(ida, case, keys, rtol))
+            res = interleaved(fns, repeats)
+            ida_g = res[-1]
+            for m, (f, w, g) in zip(grads, res[:-1]):
+                if isinstance(g, Exception):
+                    grad_rows.append(f"| {name} | {rtol:g} | daeadjoint {m} | "
+                                     f"{len(case.keys)} | {error_line(g)} | | | | |")
+                    continue
+                grad_rows.append(
+                    f"| {name} | {rtol:g} | daeadjoint {m} | {len(case.keys)} | {err(g):.1e} | "
+                    f"{w:.3g} | {w / w0:.2f} | {f:.3g} | {w / ida_g[1]:.2f} |")
+            grad_rows.append(
+                f"| {name} | {rtol:g} | IDA, central differences ({2 * len(case.keys)} "
+                f"solves) | {len(case.keys)} | {err(ida_g[2]):.1e} | {ida_g[1]:.3g} | "
+                f"{ida_g[1] / w1:.2f} | – | 1 |")
+        jax.clear_caches()      # see main()
+
+    print("\n## Forward solves: daeadjoint and IDA side by side (rtol = atol)\n")
+    print("| problem | n | rtol | steps | scd | mescd | s (median) | first call s | "
+          "IDA steps | IDA scd | IDA mescd | IDA s (median) | time / IDA's |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(fwd_rows))
+    if grad_rows:
+        print("\n## Gradients p·∂y_k(t1)/∂p\n")
+        print("| problem | rtol | method | parameters | max rel. error vs reference | "
+              "s (median) | / own forward s | first call s | time / IDA's |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        print("\n".join(grad_rows))
+
+
 # ------------------------------------------------------------------------ main
 
 
@@ -287,11 +485,26 @@ def main():
                         help="also run these with suppress_algebraic_error=True")
     parser.add_argument("--methods", default="adjoint (default),Adjoint(checkpoint_every="
                         "100000),DiscreteAdjoint(),jacfwd")
+    parser.add_argument("--vs-ida", action="store_true",
+                        help="only the side-by-side table with IDA (problems transistor, "
+                        "nand, akzo unless --problems is given; gradient methods "
+                        "'adjoint (default)' and 'jacfwd' unless --methods is given)")
     args = parser.parse_args()
     names = args.problems.split(",")
     rtols = [float(x) for x in args.rtols.split(",")]
     nand_t1 = [float(x) for x in args.nand_t1.split(",")]
-    print(f"jax {jax.__version__}, {os.cpu_count()} cores, repeats {args.repeats}")
+    print(f"jax {jax.__version__}, {os.cpu_count()} cores, repeats {args.repeats}, "
+          f"load average {os.getloadavg()[0]:.2f}")
+    if args.vs_ida:
+        import sksundae
+        print(f"scikit-sundae {sksundae.__version__}")
+        explicit = {a.split("=")[0] for a in sys.argv[1:]}
+        versus_ida(names if "--problems" in explicit else list(VS_IDA_CASES), rtols,
+                   args.repeats, methods=(args.methods.split(",") if "--methods" in explicit
+                                          else ["adjoint (default)", "jacfwd"]),
+                   gradients=not args.no_gradients)
+        print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
+        return
 
     refs = {}
     if "nand" in names:

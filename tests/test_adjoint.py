@@ -457,3 +457,25 @@ def test_failed_continuous_adjoint_falls_back_to_the_discrete_adjoint():
     assert abs(float(g) + np.exp(-0.7)) <= 100 * 1e-8
     with pytest.raises(Exception, match="adjoint_failed"):
         jax.grad(f)(0.7, dae.Adjoint(max_steps=3, fallback=False))
+
+
+def test_discrete_adjoint_recomputing_steps(monkeypatch):
+    """Above `STORED_FACTORS_LIMIT` numbers of linear-solver setups per segment the
+    discrete adjoint recomputes each replayed step in its backward pass instead of keeping it
+    (`jax.checkpoint`). Forced here on R3 (limit 0) with segments of 7 steps: the same
+    gradient as the stored path (the recomputation repeats the same arithmetic; 1e-12
+    relative leaves room for the compiler ordering it differently) and 2/e within
+    100·rtol, as `test_discrete_adjoint_index1_and_finite_differences`."""
+    from daeadjoint._derivatives import discrete_adjoint
+
+    def grad():     # a new function each time: traced again under the patched limit
+        return np.asarray(jax.jit(jax.grad(lambda y0: dae.solve(
+            mass_index1, 0.0, 1.0, y0, jnp.array([-1.0, 0.0]),
+            algebraic=jnp.array([False, True]), rtol=1e-9, atol=1e-11, max_steps=2000,
+            sensitivity=dae.DiscreteAdjoint(segment=7)).ys[-1].sum()))(jnp.array([1.0, 2.0])))
+
+    kept = grad()
+    monkeypatch.setattr(discrete_adjoint, "STORED_FACTORS_LIMIT", 0)
+    recomputed = grad()
+    np.testing.assert_allclose(recomputed, kept, rtol=1e-12, atol=0)
+    assert abs(recomputed[0] - 2 / np.e) <= 100 * 1e-9 and recomputed[1] == 0.0

@@ -21,7 +21,9 @@ Its VJP is the discrete adjoint: per step one transposed solve with J = F_y + cj
 Memory: the forward pass keeps the step sequence (three numbers per step) and a
 hot-restart checkpoint every `segment` steps; the backward pass replays one segment at a
 time from its checkpoint and applies that segment's VJP — O(max_steps/segment · n +
-segment · n), like the continuous adjoint.
+segment · n), like the continuous adjoint, once the segment's linear-solver setups
+(segment · n² numbers for a dense LU) would pass `STORED_FACTORS_LIMIT` (below it the
+segment's VJP keeps each step's setup rather than recompute the steps).
 """
 
 import dataclasses
@@ -46,6 +48,12 @@ from .reverse import AbstractAdjoint
 from .tangents import _restrict, reverse_tangents_at_t0
 
 
+# Above this many numbers of stored linear-solver setups per segment (segment · n² for
+# a dense LU) the discrete adjoint recomputes each step in its backward pass (see
+# `step_body` in `discrete_backward`).
+STORED_FACTORS_LIMIT = 2**23
+
+
 class DiscreteAdjoint(AbstractAdjoint):
     """Gradients by the exact discrete adjoint of the forward BDF steps (frozen step
     sequence). Use it when the loss observes the solution at many times (least squares
@@ -56,7 +64,9 @@ class DiscreteAdjoint(AbstractAdjoint):
     **Arguments:**
 
     - `segment`: steps replayed and differentiated together (checkpoint spacing).
-      Memory O(max_steps/segment · n + segment · n).
+      Memory O(max_steps/segment · n + segment · n), plus the replayed steps' linear
+      solver setups (segment · n² numbers for a dense LU) while those are under 2²³
+      numbers (kept rather than recomputed).
     - `newton_iters`: Newton iterations (Jacobian at the predictor) of each replayed
       corrector; the replay must converge each step to rounding for the implicit-function
       derivative to be exact.
@@ -284,6 +294,17 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
     # The step whose interval (t_{m−1}, t_m] contains each output (non-differentiable data).
     step_of = jnp.clip(jnp.searchsorted(log.t, ts), 0, jnp.maximum(count - 1, 0))
 
+    def step_body(body):
+        # `jax.vjp` of the segment keeps every step's residuals, the linear solver's
+        # setup (a dense LU: n² numbers) among them. Where N of those would pass 2²³
+        # numbers (64 MiB in float64) each step is recomputed in the backward pass
+        # instead, leaving O(N·n); below the threshold keeping them is the faster way.
+        setup = jax.eval_shape(lambda: rp.solver.setup(F, inputs.t0, rec.y0, rec.yp0,
+                                                       jnp.ones((), dtype),
+                                                       (p_flat, pst_arrays)))
+        stored = sum(x.size for x in jax.tree_util.tree_leaves(setup))
+        return jax.checkpoint(body) if N * stored > STORED_FACTORS_LIMIT else body
+
     def segment(c, phi, phiq, control, p):
         """Steps cN … cN+N−1 from (φ, φ_Q) with the step data frozen; returns the end
         history and this segment's contribution to every output row (others zero)."""
@@ -296,7 +317,7 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
                        valid=start + jnp.arange(N) < count, t_prev=window(prev_t),
                        restarted=window(restarts))
         (phi, phiq, _), (phis, phiqs, psis, ks) = jax.lax.scan(
-            lambda cr, x: _replay_step(rp, cr, x, p), (phi, phiq, control), xs)
+            step_body(lambda cr, x: _replay_step(rp, cr, x, p)), (phi, phiq, control), xs)
         local = jnp.clip(step_of - start, 0, N - 1)
         here = (step_of >= start) & (step_of < start + N)
 
