@@ -40,8 +40,8 @@ from ._newton import tree_where
 
 
 # Without an `algebraic` mask, up to this many unknowns the algebraic directions are found
-# from F_y' itself (`Split`, below); above it the mask is all False (an ODE in implicit
-# form, or a mask the user must give).
+# from F_y' itself (`Split`, below); above it the mask is the components whose y' the
+# residual's program never reads (`_solve._structural_algebraic`), else all False.
 AUTO_SPLIT_MAX_N = 200
 
 

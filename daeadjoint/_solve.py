@@ -25,6 +25,7 @@ from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
 from ._initialization import SUCCESS, InitMode, failure_messages, message_index
 from ._linalg.linear_solver import AbstractLinearSolver
+from ._linalg.jacobian import SparsityDetectionError, structurally_algebraic
 from ._linalg.sparse import default_linear_solver
 from ._results import RESULTS, succeeded
 from ._solution import EventRoots, Solution
@@ -209,6 +210,20 @@ def _raise_on_failure(sol, init_info, config, inputs):
     return eqx.branched_error_if(sol, failed, index, msgs)
 
 
+def _structural_algebraic(residual, t0, y0, yp0, args, default):
+    """Above AUTO_SPLIT_MAX_N unknowns without a mask: the components whose y' the
+    residual's program never reads (`structurally_algebraic`), so that a large
+    semi-explicit DAE gets the algebraic split its initialization, initial sensitivities
+    and adjoint need (the adjoint's final and restart conditions are solved in the
+    algebraic directions: with none, the adjoint of a DAE fails). `default` (all False)
+    when the program cannot be analysed or every column of F_y' may be nonzero."""
+    try:
+        mask = structurally_algebraic(residual, t0, y0, yp0, args)
+    except SparsityDetectionError:
+        return default
+    return jnp.asarray(mask) if mask.any() else default
+
+
 def solve(
     residual: Callable,
     t0: ArrayLike,
@@ -273,7 +288,11 @@ def solve(
       Default None: no mask; up to 200 unknowns the algebraic directions are then
       found from the null space of F_y' wherever consistency matters (fully implicit
       DAEs whose singular F_y' mixes components, e.g. circuits with floating
-      capacitors), above that none (an ODE in implicit form).
+      capacitors); above that, the components whose y'_j the residual's program never
+      reads (found by the same program analysis as the sparsity pattern: the algebraic
+      components of a semi-explicit DAE). A larger DAE whose singular F_y' mixes
+      components needs the mask, or its constraints written in the variables they
+      determine.
     - `init`: None (take y0, yp0 as consistent), `"ya_ydp"` (compute the algebraic part of
       y0 and the differential part of y'0 from the differential part of y0), or `"y"`
       (compute all of y0 from y'0).
@@ -357,6 +376,8 @@ def solve(
         if init is None:
             init = "ya_ydp"
     dtype = y0.dtype
+    if not check_algebraic and not auto_split:
+        algebraic = _structural_algebraic(residual, t0, y0, yp0, args, algebraic)
     if sensitivity is None:
         sensitivity = Adjoint() if saveat.shape[0] <= MANY_OBSERVATIONS else DiscreteAdjoint()
     _check_sensitivity(sensitivity)

@@ -136,7 +136,24 @@ _CACHE: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary(
 
 
 def detect_sparsity(residual: Callable, t, y, yp, args) -> Sparsity:
-    """The pattern of F_y ∪ F_y' (plus the diagonal) of `residual(t, y, yp, args)`.
+    """The pattern of F_y ∪ F_y' (plus the diagonal) of `residual(t, y, yp, args)`; see
+    `_detect`, which finds it."""
+    return _detect(residual, t, y, yp, args)[0]
+
+
+def structurally_algebraic(residual: Callable, t, y, yp, args) -> np.ndarray:
+    """The components y_j whose column of F_y' is zero in the residual's program for
+    every input (F never reads y'_j): the algebraic components of a semi-explicit DAE,
+    found without a user mask. A column the detector cannot prove zero counts as
+    differential (the detection over-approximates nonzeros), so the mask never marks a
+    component algebraic that is not. Raises `SparsityDetectionError` as
+    `detect_sparsity` does."""
+    return _detect(residual, t, y, yp, args)[1]
+
+
+def _detect(residual: Callable, t, y, yp, args) -> tuple[Sparsity, np.ndarray]:
+    """The pattern of F_y ∪ F_y' (plus the diagonal) of `residual(t, y, yp, args)`, and
+    the mask of the columns of F_y' that are structurally zero (one analysis, cached).
 
     Only shapes, dtypes and the program's structure are used: `y`, `yp`, `args` may be
     tracers (under `jit`, `vmap`, `grad`), and values the residual closes over may be
@@ -190,10 +207,13 @@ def detect_sparsity(residual: Callable, t, y, yp, args) -> Sparsity:
             "SparseLU(sparsity=daeadjoint.Sparsity(rows, cols, n)) or "
             "BandedLU(lower, upper), or use DenseLU().") from err
     rows = np.asarray(pattern.rows)
-    cols = np.asarray(pattern.cols) % n          # columns of F_y and of F_y' coincide
-    sparsity = Sparsity(rows, cols, n)
-    per_fn[key] = sparsity
-    return sparsity
+    cols = np.asarray(pattern.cols)
+    # asdex numbers the columns of [F_y, F_y']: y'_j is column n + j.
+    yp_free = np.ones((n,), bool)
+    yp_free[cols[cols >= n] - n] = False
+    sparsity = Sparsity(rows, cols % n, n)     # columns of F_y and of F_y' coincide
+    per_fn[key] = (sparsity, yp_free)
+    return sparsity, yp_free
 
 
 def _static_key(static):
@@ -312,6 +332,6 @@ def check_pattern(values, mismatch, message: str):
     return eqx.error_if(values, mismatch > mismatch_tolerance(values.dtype), message)
 
 
-__all__ = ["Sparsity", "SparsityDetectionError", "detect_sparsity", "colour_columns",
+__all__ = ["Sparsity", "SparsityDetectionError", "detect_sparsity", "structurally_algebraic", "colour_columns",
            "banded_colours", "seeds", "compressed_jacobian", "assemble", "sparse_matvec",
            "pattern_mismatch", "check_pattern"]
