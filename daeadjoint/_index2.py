@@ -32,7 +32,12 @@ import numpy as np
 
 from ._validation import _concrete
 
-OK, DEPENDS_ON_YP, DEPENDS_ON_ALGEBRAIC, NO_DEPENDENCE, VIOLATED, HIDDEN_VIOLATED = range(6)
+(OK, DEPENDS_ON_YP, DEPENDS_ON_ALGEBRAIC, NO_DEPENDENCE, VIOLATED, HIDDEN_VIOLATED,
+ NOT_INDEX2) = range(7)
+KINDS = 6
+# Up to this many unknowns the index-reduced system's matrix is formed densely (n jvps,
+# O(n³) LU) to check that the hidden constraints determine the index-2 variables.
+DENSE_CHECK_MAX_N = 1000
 
 
 def check_index2_mask(index2, algebraic, n: int, init, yp0_given: bool, breakpoints):
@@ -84,8 +89,12 @@ def _violations(residual, t0, t1, y0, yp0, args, rows, algebraic, rtol, atol):
     tol_yp = jnp.abs(grads) @ (rtol * jnp.abs(yp0) + atol / (t1 - t0))
     nonzero = lambda v: jnp.isfinite(v) & (v != 0)   # noqa: E731
     checks = [(DEPENDS_ON_YP, nonzero(dyp), dyp), (DEPENDS_ON_ALGEBRAIC, nonzero(dya), dya),
-              (NO_DEPENDENCE, jnp.all(grads == 0, axis=1), g),
-              (VIOLATED, ~(jnp.abs(g) <= tol_y), g), (HIDDEN_VIOLATED, ~(jnp.abs(gdot) <= tol_yp), gdot)]
+              (NO_DEPENDENCE, jnp.all(grads == 0, axis=1), g)]
+    if n <= DENSE_CHECK_MAX_N:
+        checks.append((NOT_INDEX2, _reduced_singular(residual, t0, y0, yp0, args, rows,
+                                                     algebraic)[None], g[:1]))
+    checks += [(VIOLATED, ~(jnp.abs(g) <= tol_y), g),
+               (HIDDEN_VIOLATED, ~(jnp.abs(gdot) <= tol_yp), gdot)]
     kind, pos, value = jnp.int32(OK), jnp.int32(0), jnp.zeros((), y0.dtype)
     for k, bad, v in reversed(checks):   # the first kind in `checks` wins
         i = jnp.argmax(bad)
@@ -94,6 +103,28 @@ def _violations(residual, t0, t1, y0, yp0, args, rows, algebraic, rtol, atol):
         pos = jnp.where(hit, i, pos)
         value = jnp.where(hit, v[i], value)
     return kind, pos, value
+
+
+def _reduced_singular(residual, t0, y0, yp0, args, rows, algebraic):
+    """Whether the index-reduced system is singular at t0: the constraints replaced by
+    their time derivatives dF_c/dt = ∂F_c/∂t + ∂F_c/∂y·y', as equations for the
+    differential variables' y' and the algebraic variables' y (the matrix of
+    `init="ya_ydp"` for it). Nonsingular is what makes the DAE index 2 (for
+    x' = f(t, x, z), 0 = g(t, x): g_x f_z nonsingular); singular means a higher index
+    (e.g. a position-level constraint of a mechanical system, index 3) or dependent
+    constraints. Test: `DenseLU`'s on the equilibrated pivots."""
+    from ._linalg.linear_solver import factor, factored_is_singular
+
+    def reduced(u):
+        y = jnp.where(algebraic, u, y0)
+        yp = jnp.where(algebraic, yp0, u)
+        f = residual(t0, y, yp, args)
+        _, gdot = jax.jvp(lambda t, y_: residual(t, y_, yp, args)[rows], (t0, y),
+                          (jnp.ones_like(t0), yp))
+        return f.at[rows].set(gdot)
+
+    u0 = jnp.where(algebraic, y0, yp0)
+    return factored_is_singular(factor(jax.jacfwd(reduced)(u0)))
 
 
 def _message(kind: int, i: int, value=None) -> str:
@@ -108,6 +139,13 @@ def _message(kind: int, i: int, value=None) -> str:
         return (f"daeadjoint: {where} depends on an algebraic variable: a Hessenberg "
                 "index-2 constraint depends on the differential variables only (one that "
                 "can be solved for an algebraic variable is index 1: do not mark it).")
+    if kind == NOT_INDEX2:
+        return ("daeadjoint: the DAE declared with `index2` is not index 2 at t0: with the "
+                "marked constraints replaced by their time derivatives, the equations do "
+                "not determine y' of the differential variables and the algebraic "
+                "variables (for x' = f(x, z), 0 = g(x): g_x f_z is singular). A "
+                "position-level constraint of a mechanical system is index 3: write its "
+                "velocity constraint instead (index 2), or the stabilized (GGL) form.")
     if kind == NO_DEPENDENCE:
         return f"daeadjoint: {where} depends on no variable at t0."
     if kind == VIOLATED:
@@ -136,6 +174,6 @@ def index2_check(residual, t0, t1, y0, yp0, args, index2: np.ndarray, algebraic,
         if int(k) != OK:
             raise ValueError(_message(int(k), int(rows_np[int(p)]), float(v)))
         return y0
-    msgs = [_message(kk, int(i)) for kk in range(1, 6) for i in rows_np]
+    msgs = [_message(kk, int(i)) for kk in range(1, KINDS + 1) for i in rows_np]
     index = (jnp.maximum(kind, 1) - 1) * rows_np.size + pos
     return eqx.branched_error_if(y0, kind != OK, index, msgs)

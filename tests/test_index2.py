@@ -215,3 +215,16 @@ def test_undeclared_index3_fails_clearly():
     sol = dae.solve(pendulum3, 0.0, 3.0, y0, yp0, (L, G), algebraic=PENDULUM_INDEX2,
                     throw=False)
     assert sol.result == dae.RESULTS.singular_matrix
+
+
+def test_index3_declared_as_index2_raises():
+    """The position constraint x² + y² = L² at λ's index passes the Hessenberg structure
+    checks (it depends on positions only) and the initial values satisfy it and its
+    hidden constraint, but its hidden constraint does not determine λ (g_x f_z = 0):
+    index 3, refused before the solve."""
+    def pendulum3(t, y, yp, args):
+        return pendulum(t, y, yp, args).at[4].set(y[0] ** 2 + y[1] ** 2 - L ** 2)
+
+    y0, yp0 = pendulum_initial()
+    with pytest.raises(ValueError, match="is not index 2 .* velocity constraint"):
+        dae.solve(pendulum3, 0.0, 3.0, y0, yp0, (L, G), index2=PENDULUM_INDEX2)
