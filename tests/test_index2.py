@@ -172,10 +172,10 @@ def test_not_hessenberg_raises():
     Hessenberg index-2 constraint."""
     y0, yp0 = linear_exact(np.array(0.0))
     y0, yp0 = jnp.asarray(y0), jnp.asarray(yp0)
-    with pytest.raises(ValueError, match="equation 2 .* depends on y'"):
+    with pytest.raises(ValueError, match=r"equation 2 .* depends on y'"):
         dae.solve(lambda t, y, yp, a: linear(t, y, yp, a).at[2].add(yp[2]), 0.0, 1.0, y0, yp0,
                   index2=LINEAR_INDEX2)
-    with pytest.raises(ValueError, match="equation 2 .* depends on an algebraic variable"):
+    with pytest.raises(ValueError, match=r"equation 2 .* depends on an algebraic variable"):
         dae.solve(lambda t, y, yp, a: linear(t, y, yp, a).at[2].add(y[2] - y0[2]),
                   0.0, 1.0, y0, yp0, index2=LINEAR_INDEX2)
 
@@ -201,7 +201,7 @@ def test_derivatives_refused():
                          index2=PENDULUM_INDEX2).ys[-1, 0]
 
     for transform in (jax.grad, jax.jacfwd):
-        with pytest.raises(ValueError, match="index2=.* not yet supported"):
+        with pytest.raises(ValueError, match=r"index2=.* not yet supported"):
             transform(final_x)(L)
 
 
@@ -226,5 +226,5 @@ def test_index3_declared_as_index2_raises():
         return pendulum(t, y, yp, args).at[4].set(y[0] ** 2 + y[1] ** 2 - L ** 2)
 
     y0, yp0 = pendulum_initial()
-    with pytest.raises(ValueError, match="is not index 2 .* velocity constraint"):
+    with pytest.raises(ValueError, match=r"is not index 2 .* velocity constraint"):
         dae.solve(pendulum3, 0.0, 3.0, y0, yp0, (L, G), index2=PENDULUM_INDEX2)
