@@ -152,9 +152,10 @@ def build_problem(config: Config, inputs: Inputs, sens=None, linear_solver=None)
     error_mask = jnp.where(inputs.algebraic & config.suppress_algebraic_error, 0.0, 1.0)
     if inputs.index2 is not None:
         # Index-2 variables leave the local error test (as DASPK3.0's and IDAS's users
-        # do, IDASetSuppressAlg): their BDF error is one order lower in h, so the
-        # estimate of the differential variables' error does not apply to them
-        # (Brenan, Campbell & Petzold, ch. 3; Li & Petzold, DASPKADJOINT §5).
+        # do, IDASetSuppressAlg): errors of algebraic variables on earlier steps do not
+        # propagate, and the estimate of an index-2 variable (fixed through y', one
+        # order lower in h) would only reject good steps. Li & Petzold, DASPKADJOINT
+        # §5: index-1 algebraic variables stay in the test, index-2 ones leave it.
         error_mask = jnp.where(inputs.index2, 0.0, error_mask)
     return Problem(
         residual=config.residual, quadrature=config.quadrature,
