@@ -73,6 +73,16 @@ def depends_on_yp(residual, t, y, yp, args, v) -> jax.Array:
     return jnp.any(jnp.isfinite(d) & (d != 0))
 
 
+def _builds_from_residual(linear_solver) -> bool:
+    """Whether `setup` forms J from the residual it is passed (so that it can be
+    given the column-scaled one): not matrix-free, no user Jacobian, not a solver
+    that substitutes a residual of its own (`SetupWithArgs`)."""
+    from ._linalg.linear_solver import SetupWithArgs
+    if linear_solver.matrix_free or isinstance(linear_solver, SetupWithArgs):
+        return False
+    return getattr(linear_solver, "jac", None) is None
+
+
 def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
                  lin_state, jac_point, cj_old, ss, force_setup, linear: bool = False,
                  mask_probe=None, index2=None) -> NewtonResult:
@@ -98,9 +108,11 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
     remedy (Li & Petzold, DASPKADJOINT §6: index-2 constraints scaled by CJ — which,
     since our LU equilibrates rows, is equivalent to scaling the index-2 columns). The
     Newton iterates, their convergence norm (all components, as in IDAS) and the
-    solution are unchanged: only the conditioning of the factored matrix is."""
+    solution are unchanged: only the conditioning of the factored matrix is. Solvers
+    that do not build J from the residual they are given (matrix-free ones, a user
+    `jac`) use J unscaled."""
     int_ = jnp.int32
-    scale_cols = index2 is not None and not linear_solver.matrix_free
+    scale_cols = index2 is not None and _builds_from_residual(linear_solver)
 
     def cond(c):
         return c["status"] == 0

@@ -228,3 +228,26 @@ def test_index3_declared_as_index2_raises():
     y0, yp0 = pendulum_initial()
     with pytest.raises(ValueError, match=r"is not index 2 .* velocity constraint"):
         dae.solve(pendulum3, 0.0, 3.0, y0, yp0, (L, G), index2=PENDULUM_INDEX2)
+
+
+def test_other_linear_solvers_and_vmap():
+    """The column scaling goes through any solver that builds J from the residual
+    (SparseLU), is skipped where J comes from elsewhere (a user `jac`, GMRES), and the
+    solve batches: each within the bounds of the module docstring of the exact
+    solution."""
+    rtol = 1e-8
+    y0, yp0 = linear_exact(np.array(0.0))
+    y0, yp0 = jnp.asarray(y0), jnp.asarray(yp0)
+    exact = linear_exact(np.array(5.0))[0]
+
+    def check(ys):
+        err = np.abs(np.asarray(ys) - exact)
+        assert np.max(err[..., :2]) <= 100 * rtol and np.max(err[..., 2]) <= 1000 * rtol, err
+
+    jac = jax.jit(lambda t, y, yp, cj, a: jax.jacfwd(lambda v: linear(t, v, yp, a))(y)
+                  + cj * jax.jacfwd(lambda v: linear(t, y, v, a))(yp))
+    for ls in (dae.SparseLU(), dae.DenseLU(jac=jac), dae.Krylov()):
+        check(dae.solve(linear, 0.0, 5.0, y0, yp0, index2=LINEAR_INDEX2, rtol=rtol, atol=rtol,
+                        linear_solver=ls).ys[-1])
+    check(jax.vmap(lambda y0_: dae.solve(linear, 0.0, 5.0, y0_, yp0, index2=LINEAR_INDEX2,
+                                         rtol=rtol, atol=rtol).ys[-1])(jnp.stack([y0, y0])))
