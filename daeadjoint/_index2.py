@@ -42,7 +42,8 @@ DENSE_CHECK_MAX_N = 1000
 
 def check_index2_mask(index2, algebraic, n: int, init, yp0_given: bool, breakpoints):
     """The index-2 mask as a concrete bool (n,) array, and the algebraic mask to use
-    (`algebraic`, or the index-2 mask when None). Raises ValueError on bad input."""
+    (`algebraic`, or the index-2 mask when None). Raises ValueError on bad input.
+    (`init="ya_ydp"` or no yp0 ask for `project`.)"""
     m = _concrete(index2)
     if m is None:
         raise ValueError("daeadjoint: `index2` must be a concrete bool mask (not traced): "
@@ -50,11 +51,15 @@ def check_index2_mask(index2, algebraic, n: int, init, yp0_given: bool, breakpoi
     if m.shape != (n,) or m.dtype != np.bool_:
         raise ValueError(f"daeadjoint: `index2` must be a bool array of shape ({n},) like "
                          f"y0, got dtype {m.dtype} and shape {m.shape}.")
-    if init is not None or not yp0_given:
+    if init == "y":
         raise ValueError(
-            "daeadjoint: with `index2`, give consistent y0 and yp0 and init=None: "
-            "consistent initialization (`init=`, or yp0=None) is for index ≤ 1 (its "
-            "matrix is singular for index-2 variables).")
+            "daeadjoint: init='y' (all of y0 from yp0) is for index ≤ 1; with `index2` "
+            "give consistent y0 and yp0 (init=None), or init='ya_ydp' to project them.")
+    if (init is not None or not yp0_given) and n > DENSE_CHECK_MAX_N:
+        raise ValueError(
+            f"daeadjoint: the projection of index-2 initial values (init='ya_ydp' or "
+            f"yp0=None with `index2`) forms dense matrices, up to {DENSE_CHECK_MAX_N} "
+            f"unknowns (here {n}): give consistent y0 and yp0 with init=None.")
     if breakpoints is not None:
         raise ValueError("daeadjoint: `breakpoints` with `index2` are not yet supported "
                          "(the restart at a breakpoint computes index-1 consistent values).")
@@ -177,3 +182,60 @@ def index2_check(residual, t0, t1, y0, yp0, args, index2: np.ndarray, algebraic,
     msgs = [_message(kk, int(i)) for kk in range(1, KINDS + 1) for i in rows_np]
     index = (jnp.maximum(kind, 1) - 1) * rows_np.size + pos
     return eqx.branched_error_if(y0, kind != OK, index, msgs)
+
+
+# Iterations of each projection stage: Newton's method for stage 2 (quadratic); stage 1
+# converges linearly at a rate of the constraint's curvature times the change, small
+# for the changes within a few tolerances it is meant for.
+PROJECTION_ITERS = 10
+
+
+@eqx.filter_jit
+def _project(residual, t0, y0, yp0, args, rows, algebraic, rtol, atol):
+    """The two stages of `project`."""
+    differential = ~algebraic
+    g = lambda y: residual(t0, y, yp0, args)[rows]   # noqa: E731
+    # 1. y0's differential part onto g(t0, x) = 0, the least change in the error
+    #    weights' norm: the optimality conditions y = y0 − D G(y)ᵀ μ, g(y) = 0
+    #    (D = diag(1/W)², G = g_y) by linearizing g at the iterate and keeping y0 as the
+    #    anchor: (G D Gᵀ) μ = g(y_k) + G (y0 − y_k), y_{k+1} = y0 − D Gᵀ μ.
+    dscale = jnp.where(differential, rtol * jnp.abs(y0) + atol, 0.0) ** 2
+
+    def onto_constraint(_, y):
+        gy = jax.jacrev(g)(y)
+        mu = jnp.linalg.solve((gy * dscale) @ gy.T, g(y) + gy @ (y0 - y))
+        return y0 - dscale * (gy.T @ mu)
+
+    y = jax.lax.fori_loop(0, PROJECTION_ITERS, onto_constraint, y0)
+
+    # 2. With that x fixed, the index-reduced system (constraints replaced by their
+    #    hidden constraints) for y' of the differential variables and the algebraic
+    #    variables, by Newton's method.
+    def split(u):
+        return jnp.where(algebraic, u, y), jnp.where(algebraic, yp0, u)
+
+    def reduced(u):
+        y_, yp_ = split(u)
+        f = residual(t0, y_, yp_, args)
+        _, gdot = jax.jvp(lambda t, v: residual(t, v, yp_, args)[rows], (t0, y_),
+                          (jnp.ones_like(t0), yp_))
+        return f.at[rows].set(gdot)
+
+    def newton(_, u):
+        return u - jnp.linalg.solve(jax.jacfwd(reduced)(u), reduced(u))
+
+    u = jax.lax.fori_loop(0, PROJECTION_ITERS, newton, jnp.where(algebraic, y, yp0))
+    y_new, yp_new = split(u)
+    return y_new, jnp.where(algebraic, 0.0, yp_new)
+
+
+def project(residual, t0, y0, yp0, args, index2: np.ndarray, algebraic, rtol, atol):
+    """Consistent (y0, y'0) for a Hessenberg index-2 DAE from a guess: y0's
+    differential part moved the least (in the error weights' norm) onto the index-2
+    constraints, then y' of the differential variables and the algebraic variables
+    (index 1 and 2) solved from the other equations and the hidden constraints, y0's
+    differential part held. y' of the algebraic variables is set to 0 (F does not
+    depend on it). `index2_check` then verifies the result."""
+    rows = jnp.asarray(np.flatnonzero(index2))
+    return _project(residual, t0, y0, yp0, args, rows, jnp.asarray(algebraic, bool), rtol,
+                    jnp.broadcast_to(atol, y0.shape))

@@ -23,7 +23,7 @@ from ._derivatives.autodiff import solve_core
 from ._derivatives.discrete_adjoint import DiscreteAdjoint
 from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
-from ._index2 import check_index2_mask, index2_check
+from ._index2 import check_index2_mask, index2_check, project
 from ._initialization import SUCCESS, InitMode, failure_messages, message_index
 from ._linalg.linear_solver import AbstractLinearSolver
 from ._linalg.sparse import default_linear_solver
@@ -283,11 +283,15 @@ def solve(
       variables are algebraic: the mask must be a subset of `algebraic` if that is
       given, and is `algebraic` when it is not. They leave the local error test, and
       their columns of the iteration matrix are scaled by cj so that it stays well
-      conditioned as h → 0. Needs consistent `y0`, `yp0` (`init=None`): checked before
-      the solve against each constraint and its hidden constraint (its time derivative,
-      by `jax.jvp`), with an error naming the violated equation. Derivatives of such a
-      solve (`grad`, `jacfwd`, ...) are not yet available and raise an error;
-      `breakpoints` are refused too. Default None: index ≤ 1.
+      conditioned as h → 0. `y0`, `yp0` are checked before the solve against each
+      constraint and its hidden constraint (its time derivative, by `jax.jvp`), with an
+      error naming the violated equation. `init="ya_ydp"` (or `yp0=None`) first
+      projects them: y0's differential part the least change (error weights' norm)
+      onto the constraints, then y' of the differential variables and the algebraic
+      variables from the other equations and the hidden constraints (up to 1000
+      unknowns); `init="y"` is refused. Derivatives of such a solve (`grad`,
+      `jacfwd`, ...) are not yet available and raise an error; `breakpoints` are
+      refused too. Default None: index ≤ 1.
     - `init`: None (take y0, yp0 as consistent), `"ya_ydp"` (compute the algebraic part of
       y0 and the differential part of y'0 from the differential part of y0), or `"y"`
       (compute all of y0 from y'0).
@@ -399,6 +403,9 @@ def solve(
     residual, quadrature, event, linear_solver, args = lift_closures(
         residual, quadrature, event, linear_solver, y0, args)
     if index2_mask is not None:
+        if init is not None:   # "ya_ydp" (or yp0=None): project onto the constraints
+            y0, yp0 = project(residual, t0, y0, yp0, args, index2_mask, algebraic, rtol, atol)
+            init = None
         y0 = index2_check(residual, t0, t1, y0, yp0, args, index2_mask, algebraic, rtol, atol)
     config = Config(
         residual=residual, quadrature=quadrature, linear_solver=linear_solver,

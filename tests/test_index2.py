@@ -185,10 +185,8 @@ def test_mask_errors():
     with pytest.raises(ValueError, match=r"index2\[4\] is True but algebraic\[4\] is False"):
         dae.solve(pendulum, 0.0, 1.0, y0, yp0, (L, G), index2=PENDULUM_INDEX2,
                   algebraic=np.zeros(5, bool))
-    with pytest.raises(ValueError, match="init=None"):
-        dae.solve(pendulum, 0.0, 1.0, y0, yp0, (L, G), index2=PENDULUM_INDEX2, init="ya_ydp")
-    with pytest.raises(ValueError, match="init=None"):
-        dae.solve(pendulum, 0.0, 1.0, y0, None, (L, G), index2=PENDULUM_INDEX2)
+    with pytest.raises(ValueError, match="init='y'"):
+        dae.solve(pendulum, 0.0, 1.0, y0, yp0, (L, G), index2=PENDULUM_INDEX2, init="y")
     with pytest.raises(ValueError, match="shape"):
         dae.solve(pendulum, 0.0, 1.0, y0, yp0, (L, G), index2=np.ones(4, bool))
 
@@ -251,3 +249,46 @@ def test_other_linear_solvers_and_vmap():
                         linear_solver=ls).ys[-1])
     check(jax.vmap(lambda y0_: dae.solve(linear, 0.0, 5.0, y0_, yp0, index2=LINEAR_INDEX2,
                                          rtol=rtol, atol=rtol).ys[-1])(jnp.stack([y0, y0])))
+
+
+def test_projection_linear():
+    """init="ya_ydp" with `index2` projects: x1 = 0.1 off the constraint x1 = sin 0 goes
+    to 0 (the only change of y0's differential part that satisfies it), then the hidden
+    constraint and the differential equations give x1' = 1, z = cos 0 + x2 = 2,
+    x2' = z − 2 x2 = 0 — the closed form's start, so the solve follows it (bounds of
+    the module docstring)."""
+    rtol = 1e-8
+    ts = np.linspace(0.0, 5.0, 6)
+    guess = jnp.array([0.1, 1.0, 0.0])
+    for yp0 in (None, jnp.array([0.3, -0.2, 0.0])):
+        sol = dae.solve(linear, 0.0, 5.0, guess, yp0, index2=LINEAR_INDEX2, init="ya_ydp",
+                        saveat=jnp.asarray(ts), rtol=rtol, atol=rtol)
+        y_exact, yp_exact = linear_exact(ts)
+        np.testing.assert_allclose(np.asarray(sol.ys[0]), y_exact[0], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(sol.yps[0, :2]), yp_exact[0, :2], rtol=0,
+                                   atol=1e-12)
+        err = np.abs(np.asarray(sol.ys) - y_exact)
+        assert np.max(err[:, :2]) <= 100 * rtol and np.max(err[:, 2]) <= 1000 * rtol
+
+
+def test_projection_pendulum():
+    """The pendulum from a velocity off the constraint x u + y v = 0 and yp0=None. The
+    projection is the least change of (x, y, u, v) in the error weights' norm onto the
+    constraint: optimality says the change δ is parallel to W⁻² ∇g = W⁻² (u, v, x, y)
+    (W⁻¹ = rtol |y0| + atol); then λ and the accelerations come from the hidden
+    constraint: λ = (u² + v² − g y)/(x² + y²), u' = −λ x, v' = −λ y − g."""
+    rtol = atol = 1e-8
+    y0, _ = pendulum_initial()
+    guess = y0.at[2].set(0.2).at[3].set(0.3).at[4].set(0.0)
+    sol = dae.solve(pendulum, 0.0, 0.5, guess, None, (L, G), index2=PENDULUM_INDEX2,
+                    saveat=jnp.array([0.0, 0.5]), rtol=rtol, atol=atol)
+    x, yy, u, v, lam = np.asarray(sol.ys[0])
+    assert abs(x * u + yy * v) <= 1e-12
+    w2 = (rtol * np.abs(np.asarray(guess[:4])) + atol) ** 2
+    step = (np.asarray(sol.ys[0, :4]) - np.asarray(guess[:4])) / w2
+    grad = np.array([u, v, x, yy])
+    c = step @ grad / (grad @ grad)
+    np.testing.assert_allclose(step, c * grad, rtol=1e-9)
+    np.testing.assert_allclose(lam, (u * u + v * v - G * yy) / (x * x + yy * yy), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(sol.yps[0, :4]), [u, v, -lam * x, -lam * yy - G],
+                               rtol=1e-12, atol=1e-12)
