@@ -10,16 +10,31 @@ the last successful step, h_used its size, ns the number of steps taken at const
 step size and order.
 """
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 MAXORD = 5
 NPHI = MAXORD + 1
 _ORDERS = jnp.arange(NPHI)
 
 
-def set_coefficients(psi_old, h, k, k_used, h_used, ns_old, dtype) -> dict:
+class Coefficients(NamedTuple):
+    """The BDF coefficients of one step (`set_coefficients`)."""
+
+    psi: Float[Array, "6"]      # ψ after the step
+    alpha: Float[Array, "6"]
+    beta: Float[Array, "6"]     # the history's rescaling to the new step
+    sigma: Float[Array, "6"]    # the error estimates' factors
+    gamma: Float[Array, "6"]    # the predictor's y' weights
+    cj: Float[Array, ""]        # the leading coefficient: y'_n ≈ y'_(0) + cj (y_n − y_(0))
+    ck: Float[Array, ""]        # the error constant of the local error test (6.9)
+    ns: Int[Array, ""]
+
+
+def set_coefficients(psi_old, h, k, k_used, h_used, ns_old, dtype) -> Coefficients:
     """IDAS `IDASetCoeffs`: the BDF coefficients for a step of size h at order k.
 
     With ψ'_0 = h, ψ'_i = ψ_{i−1} + h (i = 1..k):
@@ -51,8 +66,8 @@ def set_coefficients(psi_old, h, k, k_used, h_used, ns_old, dtype) -> dict:
     alpha_k = alpha[k]
     ck = jnp.maximum(jnp.abs(alpha_k + alpha_s - alpha_0), alpha_k)
     cj = -alpha_s / h
-    return dict(psi=psi_new, alpha=alpha, beta=beta, sigma=sigma, gamma=gamma,
-                cj=cj, ck=ck, ns=ns)
+    return Coefficients(psi=psi_new, alpha=alpha, beta=beta, sigma=sigma, gamma=gamma,
+                        cj=cj, ck=ck, ns=ns)
 
 
 def _rows(weights, like):
@@ -195,6 +210,6 @@ def error_weights(y, rtol, atol):
     return 1.0 / (rtol * jnp.abs(y) + atol)
 
 
-__all__ = ["MAXORD", "NPHI", "set_coefficients", "scale_history", "predict",
+__all__ = ["MAXORD", "NPHI", "Coefficients", "set_coefficients", "scale_history", "predict",
            "complete_history", "derivative_weights", "interpolation_weights", "interpolate",
            "wrms", "grouped_wrms", "error_weights"]

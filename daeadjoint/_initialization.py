@@ -64,12 +64,13 @@ caller differentiates the consistent values through the implicit function theore
 """
 
 import functools
-from typing import Literal, NamedTuple
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from ._bdf import error_weights, wrms
 from ._linalg.linear_solver import AbstractLinearSolver, DenseLU, setup_masked
@@ -174,10 +175,260 @@ def _worst(x, weights):
 _RUNNING, _CONVERGED, _SLOW, _FAILED = 0, 1, 2, 3
 
 
+class _System(NamedTuple):
+    """What stays fixed during one `calc_ic`: the equations, the unknowns' mask and the
+    iteration's settings (closed over by the loops, never carried)."""
+
+    residual: Callable
+    t0: Array
+    args: Any
+    m: Array               # True where the unknown u_i is y_i, False where it is y'_i
+    mf: Array              # m as 0/1 in the working dtype
+    linear_solver: AbstractLinearSolver
+    aux: Any               # linear_solver.auxiliary(): factors C
+    constraints: Array | None
+    options: CalcICOptions
+    steptol: Any
+    zero_stats: dict       # the linear solver's counters, zero
+
+
+def _add_stats(a: dict, b: dict) -> dict:
+    return {k: a[k] + b[k] for k in a}
+
+
+def _newton_vector(sys_: _System, lin, y, yp, wx):
+    """IDAS `IDAfnorm`: the Newton correction x = C⁻¹F(t0, y, y') with C of the last
+    setup, and ‖x‖ in the scaled WRMS norm (inf when anything is not finite)."""
+    if sys_.aux.matrix_free:
+        mf = sys_.mf
+        f, op = jax.linearize(
+            lambda v: sys_.residual(sys_.t0, y + mf * v, yp + (1 - mf) * v, sys_.args),
+            jnp.zeros_like(y))
+    else:
+        f, op = sys_.residual(sys_.t0, y, yp, sys_.args), None
+    x, stats = sys_.aux.solve(lin, f, weights=wx, operator=op)
+    fnorm = wrms(x, wx)
+    finite = jnp.all(jnp.isfinite(f)) & jnp.isfinite(fnorm)
+    return x, jnp.where(finite, fnorm, jnp.inf), stats
+
+
+class _Search(NamedTuple):
+    """The line search's loop carry, and its result."""
+
+    lam: Array             # the step fraction λ being tried
+    nbacks: Int[Array, ""]
+    status: Int[Array, ""]
+    y: Array               # the last trial point, and the Newton vector there
+    yp: Array
+    x: Array
+    fnorm: Array
+    stats: dict
+
+
+class LineSearch(NamedTuple):
+    """The outcome of `_line_search`."""
+
+    ok: Bool[Array, ""]
+    constraint_failed: Bool[Array, ""]
+    constraint_limited: Bool[Array, ""]   # a bound shortened the step
+    blocking: Int[Array, ""]     # the component whose bound did (−1: none)
+    y: Array                     # the point reached, the Newton vector there, its norm
+    yp: Array
+    x: Array
+    fnorm: Array
+    nbacks: Int[Array, ""]
+    stats: dict
+
+
+def _line_search(sys_: _System, lin, y, yp, x, fnorm, wx) -> LineSearch:
+    """IDAS `IDALineSrch` from (y, y') along −x: with C fixed, backtrack on the merit
+    f(u) = ½‖D C⁻¹F(u)‖²_WRMS, accepting λ when f(u − λx) ≤ f(u) + α λ f'(u),
+    f'(u) = −2f(u) the slope along −x and α = `ALPHALS` (halving λ otherwise); fail when
+    λ < steptol/‖δ‖ or after `maxbacks` halvings. A non-finite residual at a trial point
+    fails the α-condition. With `constraints`, a step that would violate one is first
+    shortened to 0.99 of the distance to the nearest bound; shortened below steptol it is
+    a constraint failure."""
+    dtype, int_ = y.dtype, jnp.int32
+    m, mf, options = sys_.m, sys_.mf, sys_.options
+    ratio = jnp.ones((), dtype)
+    constr_fail = limited = jnp.zeros((), bool)
+    blocking = jnp.full((), -1, int_)
+    if sys_.constraints is not None:
+        # Only y unknowns move y; y'-unknown entries of x never touch a bound.
+        breaking = violated(sys_.constraints, y - mf * x) & m
+        step = jnp.where(breaking, x, 0.0)
+        quot = jnp.where(step != 0, y / jnp.where(step != 0, step, 1.0), jnp.inf)
+        any_breaking = limited = jnp.any(breaking)
+        ratio = jnp.where(any_breaking, CONSTRAINT_MARGIN * jnp.min(quot), 1.0).astype(dtype)
+        constr_fail = any_breaking & (fnorm * ratio <= sys_.steptol)
+        blocking = jnp.where(any_breaking, jnp.argmin(quot), -1).astype(int_)
+        x = x * ratio
+    delnorm = fnorm * ratio
+    f1norm = 0.5 * fnorm ** 2
+    slope = -2.0 * f1norm * ratio
+    minlam = sys_.steptol / delnorm
+
+    def cond(c: _Search):
+        return c.status == _RUNNING
+
+    def body(c: _Search) -> _Search:
+        lam = c.lam
+        y_t = y - lam * mf * x
+        yp_t = yp - lam * (1 - mf) * x
+        x_t, fnorm_t, stats = _newton_vector(sys_, lin, y_t, yp_t, wx)
+        finite = jnp.isfinite(fnorm_t)
+        decrease = 0.5 * fnorm_t ** 2 <= f1norm + ALPHALS * slope * lam
+        accept = finite & (True if options.lsoff else decrease)
+        nbacks = c.nbacks + (~accept).astype(int_)
+        fail = ~accept & ((lam < minlam) | (nbacks >= options.maxbacks))
+        status = jnp.where(accept, _CONVERGED, jnp.where(fail, _FAILED, _RUNNING))
+        return _Search(lam=jnp.where(accept, lam, 0.5 * lam), nbacks=nbacks,
+                       status=status.astype(int_), y=y_t, yp=yp_t, x=x_t, fnorm=fnorm_t,
+                       stats=_add_stats(c.stats, stats))
+
+    init = _Search(lam=jnp.ones((), dtype), nbacks=jnp.zeros((), int_),
+                   status=jnp.where(constr_fail, _FAILED, _RUNNING).astype(int_),
+                   y=y, yp=yp, x=x, fnorm=fnorm, stats=sys_.zero_stats)
+    out = jax.lax.while_loop(cond, body, init)
+    return LineSearch(ok=out.status == _CONVERGED, constraint_failed=constr_fail,
+                      constraint_limited=limited, blocking=blocking, y=out.y, yp=out.yp,
+                      x=out.x, fnorm=out.fnorm, nbacks=out.nbacks, stats=out.stats)
+
+
+def _converged_at(sys_: _System, fnorm, x, y, yp):
+    """IDAS's test ‖δ‖ ≤ epiccon, or a Newton correction x below the resolution of
+    the unknowns (|x_i| ≤ ROUNDOFF_ULPS·eps·|u_i|): no iteration can improve on
+    that, and with weights from a guess far smaller than the solution (a guess
+    z = 0 gives W_z = 1/atol) IDAS's test alone can ask for less than one spacing
+    of the converged value's floating-point numbers (atol 1e-14: |δz| ≤ 5e-17 at
+    z ≈ 0.75, where the spacing is 1.1e-16), and the line search then fails at the
+    rounding floor."""
+    u = jnp.where(sys_.m, y, yp)
+    uround = jnp.finfo(y.dtype).eps
+    return ((fnorm <= sys_.options.epiccon)
+            | jnp.all(jnp.abs(x) <= ROUNDOFF_ULPS * uround * jnp.abs(u)))
+
+
+class _Iteration(NamedTuple):
+    """The Newton pass's loop carry."""
+
+    y: Array                  # the iterate, its Newton vector and that vector's norm
+    yp: Array
+    x: Array
+    fnorm: Array
+    fnorm0: Array             # the norm at the pass's start
+    it: Int[Array, ""]
+    status: Int[Array, ""]
+    reason: Int[Array, ""]
+    blocking: Int[Array, ""]
+    nbacks: Int[Array, ""]
+    stats: dict
+
+
+class NewtonPass(NamedTuple):
+    """The outcome of `_newton_pass`."""
+
+    status: Int[Array, ""]    # _CONVERGED, _SLOW (refresh C) or _FAILED
+    reason: Int[Array, ""]
+    worst: Int[Array, ""]
+    y: Array
+    yp: Array
+    iterations: Int[Array, ""]
+    nbacks: Int[Array, ""]
+    stats: dict
+
+
+def _newton_pass(sys_: _System, y, yp, wx) -> NewtonPass:
+    """IDAS `IDAnlsIC` and `IDANewtonIC`: set C = F_y diag(m) + F_y' diag(1 − m) up at
+    (y, y') and iterate u ← u − λ C⁻¹F(u) with that C (`_line_search` chooses λ) until
+    `_converged_at`, for up to `maxnit` iterations. A pass ending with a last rate
+    ‖δ_new‖/‖δ‖ ≤ 0.9, or ‖δ‖ below a tenth of its first value, is slow (the caller
+    refreshes C); so is, departing from IDAS, a failed line search or a rate above 0.9
+    with a stale C (module docstring)."""
+    int_ = jnp.int32
+    aux, options = sys_.aux, sys_.options
+    _, lin, _ = setup_masked(sys_.linear_solver, sys_.residual, sys_.t0, y, yp, sys_.args,
+                             sys_.m)
+    singular = aux.is_singular(lin)
+    x, fnorm, stats = _newton_vector(sys_, lin, y, yp, wx)
+    start = jnp.where(singular, _FAILED,
+                      jnp.where(_converged_at(sys_, fnorm, x, y, yp), _CONVERGED,
+                                _RUNNING)).astype(int_)
+
+    def cond(c: _Iteration):
+        return c.status == _RUNNING
+
+    def body(c: _Iteration) -> _Iteration:
+        search = _line_search(sys_, lin, c.y, c.yp, c.x, c.fnorm, wx)
+        ok, cfail, limited = search.ok, search.constraint_failed, search.constraint_limited
+        stale = c.it > 0
+        rate = search.fnorm / c.fnorm
+        it = c.it + 1
+        converged = ok & _converged_at(sys_, search.fnorm, search.x, search.y, search.yp)
+        # With a stale C, a failed line search or a step that barely reduced the
+        # merit (rate > 0.9) is not taken: C is refreshed at the last iterate
+        # (departures from IDAS, module docstring).
+        stalled = ok & ~converged & stale & (rate > ICRATEMAX)
+        slow_now = stale & ~ok & ~cfail | stalled
+        out_of_iters = ok & ~converged & ~slow_now & (it >= options.maxnit)
+        slow_end = out_of_iters & ((rate <= ICRATEMAX) | (search.fnorm < 0.1 * c.fnorm0))
+        failed = ~ok & ~slow_now | out_of_iters & ~slow_end
+        # A pass that ends slowly while the bounds shorten its steps is reported as
+        # a constraint failure.
+        reason = jnp.where(cfail | ok & limited, CONSTR_FAIL,
+                           jnp.where(~ok, LINESEARCH_FAIL, CONV_FAIL)).astype(int_)
+        status = jnp.where(converged, _CONVERGED,
+                           jnp.where(slow_now | slow_end, _SLOW,
+                                     jnp.where(failed, _FAILED, _RUNNING)))
+        keep = ok & ~stalled
+        return _Iteration(
+            y=jnp.where(keep, search.y, c.y), yp=jnp.where(keep, search.yp, c.yp),
+            x=jnp.where(keep, search.x, c.x), fnorm=jnp.where(keep, search.fnorm, c.fnorm),
+            fnorm0=c.fnorm0, it=it, status=status.astype(int_),
+            reason=jnp.where(failed | slow_now | slow_end, reason, c.reason).astype(int_),
+            blocking=jnp.where(cfail | limited, search.blocking, c.blocking),
+            nbacks=c.nbacks + search.nbacks, stats=_add_stats(c.stats, search.stats))
+
+    init = _Iteration(y=y, yp=yp, x=x, fnorm=fnorm, fnorm0=fnorm, it=jnp.zeros((), int_),
+                      status=start, reason=jnp.where(singular, SINGULAR, SUCCESS).astype(int_),
+                      blocking=jnp.full((), -1, int_), nbacks=jnp.zeros((), int_),
+                      stats=stats)
+    out = jax.lax.while_loop(cond, body, init)
+    worst = jnp.where(out.reason == CONSTR_FAIL, out.blocking, _worst(out.x, wx))
+    worst = jnp.where(out.reason == SINGULAR, -1, worst).astype(int_)
+    return NewtonPass(status=out.status, reason=out.reason, worst=worst, y=out.y, yp=out.yp,
+                      iterations=out.it, nbacks=out.nbacks, stats=out.stats)
+
+
+class _Round(NamedTuple):
+    """`calc_ic`'s loop carry: one Newton pass per trip."""
+
+    y: Array                  # where the next pass starts
+    yp: Array
+    y_start: Array            # where this round (weights w) started
+    yp_start: Array
+    w: Array                  # error weights 1/(rtol |y| + atol) of the round
+    h: Array                  # the artificial step
+    nwt: Int[Array, ""]       # 1, then 2 for the round in the converged point's weights
+    nh: Int[Array, ""]        # values of h tried in this round
+    nj: Int[Array, ""]        # setups at this h
+    done: Bool[Array, ""]
+    reason: Int[Array, ""]
+    worst: Int[Array, ""]
+    setups: Int[Array, ""]
+    iters: Int[Array, ""]
+    nbacks: Int[Array, ""]
+    stats: dict
+
+
 def calc_ic(residual, t0, y0, yp0, args, algebraic, mode, rtol, atol,
             linear_solver: AbstractLinearSolver = DenseLU(), constraints=None, *,
             tout=None, options: CalcICOptions = CalcICOptions()) -> InitResult:
     """Consistent (y0, y'0) by IDACalcIC's algorithm; see the module docstring.
+    IDACalcIC's loops: `_newton_pass` (IDAnlsIC) from the current point; a slow pass
+    refreshes C (up to `maxnj` setups), a failed one restarts with h/10 (up to `maxnh`
+    values); after convergence, one more round in the weights of the converged point
+    (`nwt`).
 
     **Arguments:** `residual(t, y, yp, args)`; the guess `y0`, `yp0` (their dtype is the
     working precision); `algebraic` (bool (n,), needed for "ya_ydp"); `mode` "ya_ydp" or
@@ -193,18 +444,20 @@ def calc_ic(residual, t0, y0, yp0, args, algebraic, mode, rtol, atol,
     yp0 = jnp.asarray(yp0, dtype)
     int_ = jnp.int32
     m = unknown_mask(mode, jnp.asarray(algebraic), n)
-    mf = m.astype(dtype)
     rtol = jnp.asarray(rtol, dtype)
     atol = jnp.broadcast_to(jnp.asarray(atol, dtype), (n,))
     t0 = jnp.asarray(t0, dtype)
     tdist = jnp.ones((), dtype) if tout is None else jnp.abs(jnp.asarray(tout, dtype) - t0)
     tdist = jnp.where(tdist > 0, tdist, 1.0)   # IDAS rejects tout = t0; use a unit scale
-    eps = options.epiccon
-    steptol = (jnp.finfo(dtype).eps ** (2.0 / 3.0) if options.steptol is None
-               else options.steptol)
     aux = linear_solver.auxiliary()
-    if constraints is not None:
-        constraints = jnp.asarray(constraints)
+    sys_ = _System(
+        residual=residual, t0=t0, args=args, m=m, mf=m.astype(dtype),
+        linear_solver=linear_solver, aux=aux,
+        constraints=None if constraints is None else jnp.asarray(constraints),
+        options=options,
+        steptol=(jnp.finfo(dtype).eps ** (2.0 / 3.0) if options.steptol is None
+                 else options.steptol),
+        zero_stats={k: jnp.zeros((), int_) for k in aux.stat_names})
     maxnh = options.maxnh if mode == "ya_ydp" else 1
     # IDAS: h = 0.001·tdist, unless y'0 is so large that h·‖y'0‖ > 0.5.
     w_start = error_weights(y0, rtol, atol)
@@ -217,176 +470,39 @@ def calc_ic(residual, t0, y0, yp0, args, algebraic, mode, rtol, atol,
         """D: 1 for y unknowns, h (or tdist when no unknown is a y) for y' unknowns."""
         return jnp.where(m, 1.0, jnp.where(has_algebraic, h, tdist)).astype(dtype)
 
-    def residual_and_operator(y, yp):
-        if aux.matrix_free:
-            return jax.linearize(lambda v: residual(t0, y + mf * v, yp + (1 - mf) * v, args),
-                                 jnp.zeros_like(y))
-        return residual(t0, y, yp, args), None
+    def cond(c: _Round):
+        return ~c.done
 
-    def add_stats(a, b):
-        return {k: a[k] + b[k] for k in a}
-
-    def newton_vector(lin, y, yp, wx):
-        """x = C⁻¹F(y, y') with C of the last setup, and ‖x‖ in the scaled norm (inf
-        when anything is not finite)."""
-        f, op = residual_and_operator(y, yp)
-        x, st = aux.solve(lin, f, weights=wx, operator=op)
-        fnorm = wrms(x, wx)
-        finite = jnp.all(jnp.isfinite(f)) & jnp.isfinite(fnorm)
-        return x, jnp.where(finite, fnorm, jnp.inf), st
-
-    zero_stats = {k: jnp.zeros((), int_) for k in aux.stat_names}
-
-    def line_search(lin, y, yp, x, fnorm, wx):
-        """IDALineSrch from (y, y') along −x. Returns (ok, constraint_failed,
-        constraint_limited, blocking component, y, y', next x, its norm, halvings,
-        linear-solver stats)."""
-        ratio = jnp.ones((), dtype)
-        constr_fail = limited = jnp.zeros((), bool)
-        blocking = jnp.full((), -1, int_)
-        if constraints is not None:
-            # Only y unknowns move y; y'-unknown entries of x never touch a bound.
-            mc = violated(constraints, y - mf * x) & m
-            dtemp = jnp.where(mc, x, 0.0)
-            quot = jnp.where(dtemp != 0, y / jnp.where(dtemp != 0, dtemp, 1.0), jnp.inf)
-            any_mc = limited = jnp.any(mc)
-            ratio = jnp.where(any_mc, CONSTRAINT_MARGIN * jnp.min(quot), 1.0).astype(dtype)
-            constr_fail = any_mc & (fnorm * ratio <= steptol)
-            blocking = jnp.where(any_mc, jnp.argmin(quot), -1).astype(int_)
-            x = x * ratio
-        delnorm = fnorm * ratio
-        f1norm = 0.5 * fnorm ** 2
-        slpi = -2.0 * f1norm * ratio
-        minlam = steptol / delnorm
-
-        def cond(c):
-            return c["status"] == _RUNNING
-
-        def body(c):
-            lam = c["lam"]
-            y_t = y - lam * mf * x
-            yp_t = yp - lam * (1 - mf) * x
-            x_t, fnormp, st = newton_vector(lin, y_t, yp_t, wx)
-            finite = jnp.isfinite(fnormp)
-            decrease = 0.5 * fnormp ** 2 <= f1norm + ALPHALS * slpi * lam
-            accept = finite & (True if options.lsoff else decrease)
-            nbacks = c["nbacks"] + (~accept).astype(int_)
-            fail = ~accept & ((lam < minlam) | (nbacks >= options.maxbacks))
-            status = jnp.where(accept, _CONVERGED, jnp.where(fail, _FAILED, _RUNNING))
-            return dict(lam=jnp.where(accept, lam, 0.5 * lam), nbacks=nbacks,
-                        status=status.astype(int_), y=y_t, yp=yp_t, x=x_t, fnorm=fnormp,
-                        stats=add_stats(c["stats"], st))
-
-        init = dict(lam=jnp.ones((), dtype), nbacks=jnp.zeros((), int_),
-                    status=jnp.where(constr_fail, _FAILED, _RUNNING).astype(int_),
-                    y=y, yp=yp, x=x, fnorm=fnorm, stats=zero_stats)
-        out = jax.lax.while_loop(cond, body, init)
-        return (out["status"] == _CONVERGED, constr_fail, limited, blocking, out["y"],
-                out["yp"], out["x"], out["fnorm"], out["nbacks"], out["stats"])
-
-    uround = jnp.finfo(dtype).eps
-
-    def converged_at(fnorm, x, y, yp):
-        """IDAS's test ‖δ‖ ≤ epiccon, or a Newton correction x below the resolution of
-        the unknowns (|x_i| ≤ ROUNDOFF_ULPS·eps·|u_i|): no iteration can improve on
-        that, and with weights from a guess far smaller than the solution (a guess
-        z = 0 gives W_z = 1/atol) IDAS's test alone can ask for less than one spacing
-        of the converged value's floating-point numbers (atol 1e-14: |δz| ≤ 5e-17 at
-        z ≈ 0.75, where the spacing is 1.1e-16), and the line search then fails at the
-        rounding floor."""
-        u = jnp.where(m, y, yp)
-        return (fnorm <= eps) | jnp.all(jnp.abs(x) <= ROUNDOFF_ULPS * uround * jnp.abs(u))
-
-    def newton_pass(y, yp, wx):
-        """IDANewtonIC after one setup at (y, y'). Returns the outcome, the failure
-        reason, the worst component, the point reached and the counters."""
-        _, lin, _ = setup_masked(linear_solver, residual, t0, y, yp, args, m)
-        singular = aux.is_singular(lin)
-        x, fnorm, st = newton_vector(lin, y, yp, wx)
-        start = jnp.where(singular, _FAILED,
-                          jnp.where(converged_at(fnorm, x, y, yp), _CONVERGED,
-                                    _RUNNING)).astype(int_)
-
-        def cond(c):
-            return c["status"] == _RUNNING
-
-        def body(c):
-            ok, cfail, limited, blocking, y_n, yp_n, x_n, fnorm_n, nbacks, st_ls = (
-                line_search(lin, c["y"], c["yp"], c["x"], c["fnorm"], wx))
-            stale = c["it"] > 0
-            rate = fnorm_n / c["fnorm"]
-            it = c["it"] + 1
-            converged = ok & converged_at(fnorm_n, x_n, y_n, yp_n)
-            # With a stale C, a failed line search or a step that barely reduced the
-            # merit (rate > 0.9) is not taken: C is refreshed at the last iterate
-            # (departures from IDAS, module docstring).
-            stalled = ok & ~converged & stale & (rate > ICRATEMAX)
-            slow_now = stale & ~ok & ~cfail | stalled
-            out_of_iters = ok & ~converged & ~slow_now & (it >= options.maxnit)
-            slow_end = out_of_iters & ((rate <= ICRATEMAX) | (fnorm_n < 0.1 * c["fnorm0"]))
-            failed = ~ok & ~slow_now | out_of_iters & ~slow_end
-            # A pass that ends slowly while the bounds shorten its steps is reported as
-            # a constraint failure.
-            reason = jnp.where(cfail | ok & limited, CONSTR_FAIL,
-                               jnp.where(~ok, LINESEARCH_FAIL, CONV_FAIL)).astype(int_)
-            status = jnp.where(converged, _CONVERGED,
-                               jnp.where(slow_now | slow_end, _SLOW,
-                                         jnp.where(failed, _FAILED, _RUNNING)))
-            keep = ok & ~stalled
-            return dict(
-                y=jnp.where(keep, y_n, c["y"]), yp=jnp.where(keep, yp_n, c["yp"]),
-                x=jnp.where(keep, x_n, c["x"]), fnorm=jnp.where(keep, fnorm_n, c["fnorm"]),
-                fnorm0=c["fnorm0"], it=it, status=status.astype(int_),
-                reason=jnp.where(failed | slow_now | slow_end, reason, c["reason"]).astype(int_),
-                blocking=jnp.where(cfail | limited, blocking, c["blocking"]),
-                nbacks=c["nbacks"] + nbacks, stats=add_stats(c["stats"], st_ls))
-
-        init = dict(y=y, yp=yp, x=x, fnorm=fnorm, fnorm0=fnorm, it=jnp.zeros((), int_),
-                    status=start, reason=jnp.where(singular, SINGULAR, SUCCESS).astype(int_),
-                    blocking=jnp.full((), -1, int_), nbacks=jnp.zeros((), int_), stats=st)
-        out = jax.lax.while_loop(cond, body, init)
-        reason = out["reason"]
-        worst = jnp.where(reason == CONSTR_FAIL, out["blocking"], _worst(out["x"], wx))
-        worst = jnp.where(reason == SINGULAR, -1, worst).astype(int_)
-        return (out["status"], reason, worst, out["y"], out["yp"], out["it"], out["nbacks"],
-                out["stats"])
-
-    def outer_cond(c):
-        return ~c["done"]
-
-    def outer_body(c):
-        h = c["h"]
-        wx = c["w"] * scale(h)
-        status, reason, worst, y, yp, iters, nbacks, st = newton_pass(c["y"], c["yp"], wx)
-        conv, slow = status == _CONVERGED, status == _SLOW
+    def body(c: _Round) -> _Round:
+        h = c.h
+        newton = _newton_pass(sys_, c.y, c.yp, c.w * scale(h))
+        conv, slow = newton.status == _CONVERGED, newton.status == _SLOW
         # IDACalcIC's nwt loop: after convergence, new weights and one more round.
-        second = conv & (c["nwt"] == 1)
-        finished = conv & (c["nwt"] == 2)
-        refresh = slow & (c["nj"] < options.maxnj)
+        second = conv & (c.nwt == 1)
+        finished = conv & (c.nwt == 2)
+        refresh = slow & (c.nj < options.maxnj)
         failed_pass = ~conv & ~refresh
         # C does not depend on h: restarting where it was singular cannot help.
-        at_start = jnp.all(c["y"] == c["y_start"]) & jnp.all(c["yp"] == c["yp_start"])
-        retry_h = failed_pass & (c["nh"] < maxnh) & ~((reason == SINGULAR) & at_start)
+        at_start = jnp.all(c.y == c.y_start) & jnp.all(c.yp == c.yp_start)
+        retry_h = failed_pass & (c.nh < maxnh) & ~((newton.reason == SINGULAR) & at_start)
         give_up = failed_pass & ~retry_h
         # On a retry with h/10, restart from this round's start unless it was slow.
         restart = retry_h & ~slow
-        y_next = jnp.where(restart, c["y_start"], y)
-        yp_next = jnp.where(restart, c["yp_start"], yp)
-        w_new = error_weights(y, rtol, atol)
-        return dict(
-            y=y_next, yp=yp_next,
-            y_start=jnp.where(second, y, c["y_start"]),
-            yp_start=jnp.where(second, yp, c["yp_start"]),
-            w=jnp.where(second, w_new, c["w"]),
+        y, yp = newton.y, newton.yp
+        return _Round(
+            y=jnp.where(restart, c.y_start, y), yp=jnp.where(restart, c.yp_start, yp),
+            y_start=jnp.where(second, y, c.y_start),
+            yp_start=jnp.where(second, yp, c.yp_start),
+            w=jnp.where(second, error_weights(y, rtol, atol), c.w),
             h=jnp.where(retry_h, 0.1 * h, h),
-            nwt=c["nwt"] + second.astype(int_),
-            nh=jnp.where(second, 1, c["nh"] + retry_h.astype(int_)).astype(int_),
-            nj=jnp.where(refresh, c["nj"] + 1, 1).astype(int_),
+            nwt=c.nwt + second.astype(int_),
+            nh=jnp.where(second, 1, c.nh + retry_h.astype(int_)).astype(int_),
+            nj=jnp.where(refresh, c.nj + 1, 1).astype(int_),
             done=finished | give_up,
-            reason=jnp.where(give_up, reason, SUCCESS).astype(int_),
-            worst=jnp.where(give_up, worst, -1).astype(int_),
-            setups=c["setups"] + 1, iters=c["iters"] + iters, nbacks=c["nbacks"] + nbacks,
-            stats=add_stats(c["stats"], st),
+            reason=jnp.where(give_up, newton.reason, SUCCESS).astype(int_),
+            worst=jnp.where(give_up, newton.worst, -1).astype(int_),
+            setups=c.setups + 1, iters=c.iters + newton.iterations,
+            nbacks=c.nbacks + newton.nbacks, stats=_add_stats(c.stats, newton.stats),
         )
 
     # Checks IDAS makes before iterating: the guess satisfies the constraints
@@ -395,21 +511,20 @@ def calc_ic(residual, t0, y0, yp0, args, algebraic, mode, rtol, atol,
     bad_f = ~jnp.isfinite(f_start)
     reason0 = jnp.where(jnp.any(bad_f), NONFINITE, SUCCESS)
     worst0 = jnp.where(jnp.any(bad_f), _first_true(bad_f), -1)
-    if constraints is not None:
-        bad_c = violated(constraints, y0)
+    if sys_.constraints is not None:
+        bad_c = violated(sys_.constraints, y0)
         reason0 = jnp.where(jnp.any(bad_c), GUESS_VIOLATES, reason0)
         worst0 = jnp.where(jnp.any(bad_c), _first_true(bad_c), worst0)
     zero = jnp.zeros((), int_)
-    init = dict(y=y0, yp=yp0, y_start=y0, yp_start=yp0, w=w_start, h=h0.astype(dtype),
-                nwt=jnp.ones((), int_), nh=jnp.ones((), int_), nj=jnp.ones((), int_),
-                done=reason0 != SUCCESS, reason=reason0.astype(int_),
-                worst=worst0.astype(int_), setups=zero, iters=zero, nbacks=zero,
-                stats=zero_stats)
-    out = jax.lax.while_loop(outer_cond, outer_body, init)
-    return InitResult(y0=out["y"], yp0=out["yp"], reason=out["reason"],
-                      worst_component=out["worst"], h=out["h"], num_setups=out["setups"],
-                      num_iterations=out["iters"], num_backtracks=out["nbacks"],
-                      linear_stats=out["stats"])
+    one = jnp.ones((), int_)
+    init = _Round(y=y0, yp=yp0, y_start=y0, yp_start=yp0, w=w_start, h=h0.astype(dtype),
+                  nwt=one, nh=one, nj=one, done=reason0 != SUCCESS,
+                  reason=reason0.astype(int_), worst=worst0.astype(int_), setups=zero,
+                  iters=zero, nbacks=zero, stats=sys_.zero_stats)
+    out = jax.lax.while_loop(cond, body, init)
+    return InitResult(y0=out.y, yp0=out.yp, reason=out.reason, worst_component=out.worst,
+                      h=out.h, num_setups=out.setups, num_iterations=out.iters,
+                      num_backtracks=out.nbacks, linear_stats=out.stats)
 
 
 def consistent_initial_conditions(residual, t0, y0, yp0, args, algebraic, mode, rtol, atol,

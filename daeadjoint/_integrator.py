@@ -20,14 +20,14 @@ The carried state has a fixed shape, so the whole solve is one compiled loop tha
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from ._bdf import (MAXORD, NPHI, complete_history, derivative_weights, error_weights,
+from ._bdf import (MAXORD, NPHI, Coefficients, complete_history, derivative_weights, error_weights,
                    grouped_wrms, history_layout, history_row, interpolate,
                    interpolation_weights, predict, scale_history, set_coefficients, stacked,
                    update_row, wrms)
@@ -37,7 +37,7 @@ from ._derivatives.forward_sensitivity import (SensitivityProblem, quadrature_se
 from ._initialization import violated
 from ._jax_internals import unvmap_any
 from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR,
-                      maybe_update, newton_solve, tree_where)
+                      NewtonResult, maybe_update, newton_solve, tree_where)
 from ._results import RESULTS
 
 MAX_ERROR_TEST_FAILS = 10   # IDAS maxnef
@@ -335,279 +335,472 @@ def _at(v, i):
     return v[jnp.clip(i, 0, v.shape[0] - 1)]
 
 
+class Parts(NamedTuple):
+    """One value for each history that moves with the state's: the state `y`, the
+    quadratures `q`, the forward sensitivities `s` and their quadratures `sq`. A part
+    that does not exist is None and costs nothing: on CPU every operation of the loop
+    body costs, even on an empty array."""
+
+    y: Any
+    q: Any = None
+    s: Any = None
+    sq: Any = None
+
+    def map(self, f: Callable, *others: "Parts") -> "Parts":
+        """f applied to each existing part (and the same part of `others`)."""
+        return Parts(*(None if v is None else f(v, *(o[i] for o in others))
+                       for i, v in enumerate(self)))
+
+    def fill(self, default: "Parts") -> "Parts":
+        """The existing parts, and `default`'s where a part does not exist."""
+        return Parts(*(d if v is None else v for v, d in zip(self, default)))
+
+
+class Weights(NamedTuple):
+    """Error weights 1/(rtol |v| + atol) of a step, from the values at t_{n−1} (IDAS
+    recomputes them after every accepted step; manual eq. (6.5))."""
+
+    y: Array                  # the state's, for the Newton iteration
+    error: Array              # the state's, 0 where a component is kept out of the error test
+    q: Array                  # the quadratures'
+    s: Array | None           # the sensitivities' (k, n), or None
+    sq: Array | None          # the quadrature sensitivities' (k, nq), or None
+
+
+def error_norm(problem: Problem, weights: Weights, v: Parts):
+    """WRMS norm (IDAS manual eq. (6.5)) of a correction-like `Parts`: the largest over
+    the parts under error control (IDAS's combined norm; the stacked adjoint problems,
+    `error_groups`, each by its own)."""
+    nrm = grouped_wrms(v.y, weights.error, problem.error_groups)
+    if problem.quad_error_control and v.q is not None:
+        nrm = jnp.maximum(nrm, grouped_wrms(v.q, weights.q, problem.error_groups))
+    sens = problem.sens
+    if sens is not None and sens.error_control and v.s is not None and weights.s is not None:
+        nrm = jnp.maximum(nrm, jnp.max(jax.vmap(wrms)(v.s, weights.s * problem.error_mask)))
+        if problem.quad_error_control and v.sq is not None:
+            nrm = jnp.maximum(nrm, jnp.max(jax.vmap(wrms)(v.sq, weights.sq)))
+    return nrm
+
+
+class Corrector(NamedTuple):
+    """The outcome of the state's corrector (`correct_state`)."""
+
+    newton: NewtonResult
+    correction: Array         # y_n − y_n(0), after a projection onto the constraints
+    y: Array
+    yp: Array
+    converged: Bool[Array, ""]
+    constraint_fail: Bool[Array, ""]   # converged onto a constraint violation: retry
+    eta_constraint: Array     # the step-size factor for that retry
+    pressing: Bool[Array, ""]  # projected onto a bound the DAE drives y across
+
+
+def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
+                  y_pred, yp_pred, ewt) -> Corrector:
+    """The corrector (IDAS manual §6.2.2, eqs. (6.6)–(6.8)): solve
+    G(y) = F(t_n, y, y'_(0) + cj (y − y_(0)), p) = 0 from the predictor y_(0) by modified
+    Newton with the iteration matrix J = F_y + cj_old F_y' (`newton_solve`).
+
+    J is rebuilt (IDAS's lsetup) on the first step, when cj has moved out of
+    [0.6, 1/0.6] times the cj J was built with, or when the last attempt asked for it
+    (`new_matrix`). The convergence-rate factor S restarts at 20 with a new J and at 100
+    when cj changed (IDAS `IDANls`); for a residual linear in y (the adjoint) it is reset
+    every step and one iteration with a current J is exact (Li & Petzold, DASPKADJOINT
+    §5.3).
+
+    With `constraints` (IDAS `IDANls`): a converged y violating them is projected back
+    when the projection's norm is below the Newton tolerance; otherwise the step is
+    retried with h' = η h, η = max(0.9 min φ_0/(φ_0 − y) over the violators, 0.1)."""
+    dtype = s.phi.dtype
+    cj = coef.cj
+    first = s.fresh
+    cj_old = jnp.where(first, cj, s.cj_old)
+    rate_factor = jnp.where(first, 20.0, s.ss)
+    ratio = cj / cj_old
+    setup = first | (ratio < 0.6) | (ratio > 1.0 / 0.6) | s.new_matrix
+    rate_factor = jnp.where(cj != s.cj, 100.0, rate_factor)
+    if problem.reset_newton_rate:
+        rate_factor = jnp.full_like(rate_factor, 100.0)
+    newton = newton_solve(problem.residual, problem.args, problem.linear_solver, t_eval,
+                          y_pred, yp_pred, cj, ewt, s.lin_state, s.jac_point, cj_old,
+                          rate_factor, setup, linear=problem.reset_newton_rate,
+                          mask_probe=problem.algebraic_probe, index2=problem.index2)
+    ee = newton.ee
+    converged = newton.converged
+    constraint_fail = jnp.zeros((), bool)
+    eta_constraint = jnp.ones((), dtype)
+    pressing = jnp.zeros((), bool)
+    if problem.constraints is not None:
+        y_try = y_pred + ee
+        violators = violated(problem.constraints, y_try)
+        c = problem.constraints.astype(dtype)
+        strict = (jnp.abs(c) > 1.5).astype(dtype)
+        projection = jnp.where(violators, y_try - 0.1 * strict * c / ewt, 0.0)
+        small = wrms(projection, ewt) <= EPS_NEWT
+        projected = converged & jnp.any(violators) & small
+        # A projection the DAE undoes at once: y' points across the bound, by more than
+        # 1e-3 tolerance units over the step. Repeated step after step (10 times) the
+        # constraint is infeasible — the integration would creep along the bound in
+        # steps of the Newton tolerance (y ≥ 0 with y' = −1 ran to max_steps).
+        yp_try = yp_pred + cj * ee
+        outward = violators & (c * yp_try < 0) & (jnp.abs(h * yp_try) * ewt > 1e-3)
+        pressing = projected & jnp.any(outward)
+        ee = jnp.where(projected, ee - projection, ee)
+        constraint_fail = converged & jnp.any(violators) & ~small
+        ratio_c = jnp.where(violators,
+                            s.phi[0] / jnp.where(violators, s.phi[0] - y_try, 1.0), jnp.inf)
+        eta_constraint = jnp.maximum(0.9 * jnp.min(ratio_c), 0.1)
+        converged = converged & ~constraint_fail
+    return Corrector(newton=newton, correction=ee, y=y_pred + ee, yp=yp_pred + cj * ee,
+                     converged=converged, constraint_fail=constraint_fail,
+                     eta_constraint=eta_constraint, pressing=pressing)
+
+
+class SensitivityCorrector(NamedTuple):
+    """The outcome of the sensitivities' corrector (`correct_sensitivities`)."""
+
+    correction: Array          # s_n − s_n(0), (k, n)
+    quad_rate: Array | None    # the quadrature sensitivities' rate at t_n, or None
+    rate_factor: Array         # IDAS ssS after the iteration
+    converged: Bool[Array, ""]
+    redo: Bool[Array, ""]      # retry the step with J rebuilt (same h, k)
+    num_residual_evals: Array
+    linear_stats: dict
+
+
+def correct_sensitivities(problem: Problem, s: State, sens: SensitivityProblem, cj, t_eval,
+                          corrector: Corrector, s_pred, sp_pred, ewt_s,
+                          with_quadratures: bool) -> SensitivityCorrector:
+    """The staggered corrector of the forward sensitivities (IDAS manual §6.2.6): with y_n
+    converged, the k sensitivity systems F_y s + F_y' s' + F_p = 0 are solved by
+    modified Newton with the state's iteration matrix
+    (`forward_sensitivity.sensitivity_corrector`). IDAS keeps the rate factor ssS from
+    step to step: 20 after a new J, 100 when cj changed.
+
+    Not converged with a J from an earlier step, the step is redone with the same h and
+    order and J rebuilt — IDAS's staggered solver calls lsetup and iterates again within
+    the step; redoing it keeps the loop body free of control flow."""
+    newton = corrector.newton
+    rate_factor = jnp.where(s.fresh | (newton.num_jacobian_evals > 0), 20.0, s.ss_sens)
+    rate_factor = jnp.where(cj != s.cj, 100.0, rate_factor)
+    corrected = sensitivity_corrector(problem, sens, t_eval, corrector.y, corrector.yp, cj, s_pred,
+                                      sp_pred, ewt_s, newton.lin_state, newton.cj_old,
+                                      rate_factor)
+    quad_rate = None
+    if with_quadratures:
+        quad_rate = quadrature_sensitivities(problem, sens, t_eval, corrector.y, corrector.yp,
+                                             s_pred + corrected.ee, sp_pred + cj * corrected.ee)
+    return SensitivityCorrector(
+        correction=corrected.ee, quad_rate=quad_rate, rate_factor=corrected.ss,
+        converged=corrected.converged,
+        redo=corrector.converged & ~corrected.converged & (newton.num_jacobian_evals == 0),
+        num_residual_evals=corrected.num_residual_evals, linear_stats=corrected.linear_stats)
+
+
+class ErrorTest(NamedTuple):
+    """The local error estimates of a step (`error_test`)."""
+
+    norm_k: Array        # ‖y_n − y_n(0)‖ (the combined WRMS norm)
+    err_k: Array         # the error estimate at order k (σ_k ‖·‖) …
+    err_km1: Array       # … at k − 1 …
+    terr_k: Array        # … and the terms (k + 1) err_k, k err_{k−1}
+    terr_km1: Array
+    k_new: Int[Array, ""]   # k − 1 where the estimates favour lowering the order
+
+
+def error_test(problem: Problem, weights: Weights, coef: Coefficients, hist: Parts,
+               corr: Parts, k) -> ErrorTest:
+    """The local error test's estimates (IDAS manual §6.2.2): the step passes when
+    C_k ‖y_n − y_n(0)‖ ≤ 1 (eq. (6.9), C_k = `coef.ck`). The estimates at orders k − 1
+    and k − 2 use the differences φ_k + corr and φ_k + φ_{k−1} + corr; the order is
+    lowered when max(T_{k−1}, T_{k−2}) ≤ T_k (k > 2), or T_{k−1} ≤ T_k/2 (k = 2), with
+    T_j = (j + 1) σ_j ‖·‖ (IDAS `IDATestError`)."""
+    sigma = coef.sigma
+    norm_k = error_norm(problem, weights, corr)
+    err_k = _at(sigma, k) * norm_k
+    terr_k = (k + 1) * err_k
+    diff1 = hist.map(lambda h_, c: history_row(h_, k) + c, corr)
+    err_km1 = _at(sigma, k - 1) * error_norm(problem, weights, diff1)
+    terr_km1 = k * err_km1
+    diff2 = hist.map(lambda h_, d: d + history_row(h_, k - 1), diff1)
+    err_km2 = _at(sigma, k - 2) * error_norm(problem, weights, diff2)
+    terr_km2 = (k - 1) * err_km2
+    lower = jnp.where(k > 2, jnp.maximum(terr_km1, terr_km2) <= terr_k,
+                      (k == 2) & (terr_km1 <= 0.5 * terr_k))
+    return ErrorTest(norm_k=norm_k, err_k=err_k, err_km1=err_km1, terr_k=terr_k,
+                     terr_km1=terr_km1, k_new=jnp.where(lower, k - 1, k))
+
+
+class NextStep(NamedTuple):
+    """Order and step size after an accepted step (`select_order_and_step`)."""
+
+    k: Int[Array, ""]
+    h: Array
+    phase: Int[Array, ""]
+    still_recovering: Bool[Array, ""]
+
+
+def select_order_and_step(problem: Problem, s: State, weights: Weights, coef: Coefficients,
+                          hist: Parts, corr: Parts, test: ErrorTest, h, k) -> NextStep:
+    """Order and step size for the step after an accepted one (IDAS `IDACompleteStep`,
+    manual §6.2.2). In the initial phase (phase 0) the order rises by one and h doubles
+    each step until the order is lowered or reaches its maximum. Afterwards, once k + 1
+    steps have been taken at constant step size (and not just after an order change),
+    the order moves to the one of k − 1, k, k + 1 with the smallest T_j (T_{k+1} from
+    the difference corr − φ_{k+1}); the step is then h η, η = (2 err_knew + 10⁻⁴)^(−1/(knew+1)),
+    doubled when η ≥ 2, kept when 1 < η < 2, and cut to η clipped to [0.5, 0.9]
+    otherwise.
+
+    Recovery after an error-test failure (a deviation from IDAS, whose rules are kept
+    otherwise): until the order selection has seen k + 1 steps at constant step size
+    and chosen to keep the order, the step size is not increased, an order raise is not
+    combined with a larger step, and the order is not lowered on an accepted step.
+    Why: the error estimate of a low-order step can be a small difference of large
+    terms that cancel only at constant step size. On the transistor amplifier at
+    rtol 1e-8 (Test Set), after three failures dropped the order to 1, the estimate at
+    constant h was 0.025 while at 2h it was 1.6 (≈ 65x for a doubling, against the 4x
+    of an h² error): IDAS's rules then doubled the step after each success, failed,
+    halved it, and never saw k + 1 steps at one step size, so the order, which alone
+    allows larger steps there, never rose again — tens of thousands of order-1 steps
+    of ~5e-8 with an error-test failure every other step (IDA itself shows the same
+    trap: 76 000–138 000 steps on that run). The order-1 estimate also favoured
+    lowering back from order 2 while its cancellation lasted."""
+    num_steps = s.stats["num_steps"] + 1
+    kdiff = k - s.k_used
+    top = jnp.minimum(problem.max_order, MAXORD)
+    phase = jnp.where((test.k_new == k - 1) | (k >= top), 1, s.phase)
+    err_kp1 = error_norm(problem, weights,
+                         corr.map(lambda c, h_: c - history_row(h_, k + 1), hist)) / (k + 2)
+    terr_kp1 = (k + 2) * err_kp1
+    hold = (k >= top) | (k + 1 >= coef.ns) | (kdiff == 1)
+    recovering = s.recovering
+    act_lower = (((test.k_new == k - 1)
+                  | (~hold & (k > 1) & (test.terr_km1 <= jnp.minimum(test.terr_k, terr_kp1))))
+                 & ~recovering)
+    act_raise = ~act_lower & ~hold & jnp.where(k == 1, terr_kp1 < 0.5 * test.terr_k,
+                                              terr_kp1 < test.terr_k)
+    k_sel = k + act_raise.astype(k.dtype) - act_lower.astype(k.dtype)
+    err_knew = jnp.where(act_raise, err_kp1, jnp.where(act_lower, test.err_km1, test.err_k))
+    eta = (2.0 * err_knew + 1e-4) ** (-1.0 / (k_sel + 1))
+    h_sel = jnp.where(eta >= 2.0, 2.0 * h,
+                      jnp.where(eta <= 1.0, h * jnp.clip(eta, ETA_MIN, ETA_LOW), h))
+    still_recovering = recovering & ((coef.ns <= k + 1) | act_raise)
+    h_sel = jnp.where(still_recovering, jnp.minimum(h_sel, h), h_sel)
+    h_sel = jnp.maximum(h_sel, problem.min_step)
+    in_phase0 = phase == 0
+    k_next = jnp.minimum(jnp.where(in_phase0, jnp.where(num_steps > 1, k + 1, k), k_sel), top)
+    h_next = jnp.where(in_phase0, jnp.where(num_steps > 1, 2.0 * h, h), h_sel)
+    return NextStep(k=k_next, h=h_next, phase=phase, still_recovering=still_recovering)
+
+
+class Failure(NamedTuple):
+    """How a failed attempt is retried (`handle_failure`)."""
+
+    conv_fail: Bool[Array, ""]    # the corrector failed (Newton, linear solve, constraints)
+    error_fail: Bool[Array, ""]   # the corrector converged, the error test failed
+    nef: Int[Array, ""]           # error-test failures in this step, with this one
+    ncf: Int[Array, ""]           # convergence failures in this step, with this one
+    h: Array
+    k: Int[Array, ""]
+    rescale: Array                # factor on φ_1 (the first step only)
+
+
+def handle_failure(problem: Problem, s: State, corrector: Corrector, test: ErrorTest,
+                   converged, passed, redo, h, k) -> Failure:
+    """The retry after a failed attempt (IDAS `IDAHandleNFlag`, manual §6.2.2): after a
+    convergence failure h ← h/4 (or η h with the constraint's η) at the same order;
+    after the first error-test failure h ← η h, η = 0.9 (2 err_knew + 10⁻⁴)^(−1/(knew+1))
+    clipped to [0.25, 0.9], at the order the error test chose; after the second h ← h/4;
+    from the third on also the order drops to 1. A sensitivity `redo` keeps h and k. On
+    the very first step φ_1 = h y'_0 and ψ_0 = h are rescaled with h (IDAS `IDAReset`)."""
+    conv_fail = ~converged & ~redo
+    error_fail = converged & ~passed
+    nef = s.nef + error_fail.astype(jnp.int32)
+    ncf = s.ncf + conv_fail.astype(jnp.int32)
+    err_knew = jnp.where(test.k_new == k, test.err_k, test.err_km1)
+    eta_ef1 = jnp.clip(0.9 * (2.0 * err_knew + 1e-4) ** (-1.0 / (test.k_new + 1)),
+                       ETA_MIN_EF, ETA_LOW)
+    eta = jnp.where(conv_fail, jnp.where(corrector.constraint_fail, corrector.eta_constraint, ETA_CF),
+                    jnp.where(redo, 1.0, jnp.where(nef == 1, eta_ef1, ETA_MIN_EF)))
+    k_fail = jnp.where(conv_fail | redo, k, jnp.where(nef >= 3, 1, test.k_new))
+    return Failure(conv_fail=conv_fail, error_fail=error_fail, nef=nef, ncf=ncf,
+                   h=jnp.maximum(h * eta, problem.min_step), k=k_fail,
+                   rescale=jnp.where(s.fresh, eta, 1.0))
+
+
+def updated_stats(problem: Problem, s: State, newton: NewtonResult, linear_stats: dict,
+          sens_residual_evals, passed, failure: Failure) -> dict:
+    """The statistics after an attempt (IDAS's counters, and the linear solver's)."""
+    stats = dict(s.stats)
+    stats["num_residual_evals"] = stats["num_residual_evals"] + newton.num_residual_evals
+    stats["num_jacobian_evals"] = stats["num_jacobian_evals"] + newton.num_jacobian_evals
+    stats["num_nonlinear_iters"] = stats["num_nonlinear_iters"] + newton.num_iters
+    for name, value in linear_stats.items():
+        stats[name] = stats[name] + value
+    if s.phiq.shape[1] > 0:
+        stats["num_quadrature_evals"] = stats["num_quadrature_evals"] + 1
+    if sens_residual_evals is not None:
+        stats["num_sensitivity_residual_evals"] = (stats["num_sensitivity_residual_evals"]
+                                                   + sens_residual_evals)
+    stats["num_steps"] = jnp.where(passed, s.stats["num_steps"] + 1, s.stats["num_steps"])
+    stats["num_error_test_failures"] = stats["num_error_test_failures"] + failure.error_fail
+    stats["num_nonlinear_convergence_failures"] = (stats["num_nonlinear_convergence_failures"]
+                                                   + failure.conv_fail)
+    return stats
+
+
+def status(s: State, corrector: Corrector, failure: Failure, passed, npress, at_min_step,
+           h_next, t_new, too_accurate):
+    """The attempt's `RESULTS`: IDAS gives up after maxncf convergence or maxnef
+    error-test failures in one step, or at once when a step already at the minimum step
+    size fails; the other statuses name what the step sizes collapsed on."""
+    where = RESULTS.where
+    newton = corrector.newton
+    conv_fail = failure.conv_fail
+    gave_up_conv = conv_fail & ((failure.ncf >= MAX_CONV_FAILS) | at_min_step)
+    # At the edge of the residual's domain (h_nan: a NaN residual at a larger step not
+    # yet recovered from), the step sizes collapse between NaN failures, error-test
+    # failures and iteration matrices that are not finite there (which look singular):
+    # the cause reported is the domain.
+    nan_fail = conv_fail & (newton.fail_kind == FAIL_NONFINITE)
+    at_edge = s.h_nan > 0
+    fail_kind = jnp.where(at_edge & (newton.fail_kind == FAIL_SINGULAR), FAIL_NONFINITE,
+                          newton.fail_kind)
+    conv_result = where(corrector.constraint_fail, RESULTS.constraint_failures,
+                        where(fail_kind == FAIL_SINGULAR, RESULTS.singular_matrix,
+                              where(fail_kind == FAIL_NONFINITE, RESULTS.nonfinite_residual,
+                                    where(fail_kind == FAIL_LINEAR,
+                                          RESULTS.linear_solver_failures,
+                                          RESULTS.convergence_failures))))
+    result = where(gave_up_conv, conv_result,
+                   where(failure.error_fail & ((failure.nef >= MAX_ERROR_TEST_FAILS)
+                                               | at_min_step),
+                         RESULTS.error_test_failures,
+                         where(passed & (npress >= MAX_CONV_FAILS),
+                               RESULTS.constraint_failures, RESULTS.successful)))
+    # A step size driven to underflow by NaN residuals is a domain error (the solution
+    # reached the edge of the residual's domain, e.g. sqrt of a state going negative).
+    # Likewise a step size driven to underflow by an iterative linear solver that cannot
+    # reach its tolerance is that solver's failure, not a singularity of the solution.
+    underflow = where(nan_fail | at_edge, RESULTS.nonfinite_residual,
+                      where(conv_fail & (fail_kind == FAIL_LINEAR),
+                            RESULTS.linear_solver_failures, RESULTS.step_size_too_small))
+    result = where(s.t + h_next == s.t, underflow, result)
+    result = where(newton.mask_violated, RESULTS.wrong_algebraic_mask, result)
+    # A step below half a spacing of t (`step_end`): nothing was attempted.
+    result = where(t_new == s.t, RESULTS.step_size_too_small, result)
+    return where(too_accurate, RESULTS.tolerance_too_small, result)
+
+
 def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
-    """One step attempt from s.t with (s.h, s.k). Returns the new state and whether the
-    step was accepted. See the module docstring for the sequence."""
+    """One step attempt from s.t with (s.h, s.k) (IDAS manual §6.2.2): predictor,
+    `correct_state`, `correct_sensitivities`, `error_test`, then on success
+    `select_order_and_step` (IDAS `IDACompleteStep`) and on failure `handle_failure`
+    (`IDAHandleNFlag`), and the attempt's `status`. Returns the new state and whether
+    the step was accepted."""
     if problem.breakpoints is not None:
         s = restart_at_breakpoint(problem, s)
     dtype = s.phi.dtype
     uround = jnp.finfo(dtype).eps
     sens = problem.sens if (problem.sens is not None and problem.sens.k > 0) else None
     k = s.k
-    # Error weights from y_{n-1} (IDAS recomputes them after every accepted step).
+    nq = s.phiq.shape[1]
     ewt = error_weights(s.phi[0], problem.rtol, problem.atol)
+    weights = Weights(
+        y=ewt,
+        error=ewt * problem.error_mask,
+        q=error_weights(s.phiq[0], problem.quad_rtol, problem.quad_atol),
+        s=None if sens is None else error_weights(s.phis[0], problem.rtol, sens.atol),
+        sq=None if sens is None else error_weights(s.phiqs[0], problem.quad_rtol,
+                                                   sens.quad_atol))
     # φ_1/ψ_0 ≈ y' (on the first step φ_1 = h0·y'0, ψ_0 = h0).
     yp_norm = wrms(s.phi[1], ewt) / s.psi[0]
     t_new, h = step_end(problem, s.t, jnp.minimum(s.h, problem.max_step), yp_norm)
     t_eval = evaluation_time(problem, t_new)
-    co = set_coefficients(s.psi, h, k, s.k_used, s.h_used, s.ns, dtype)
-    # All histories (state "y", quadratures "q", sensitivities "s", their quadratures
-    # "sq") move together: rescaled, predicted and completed alike. Only the parts that
-    # exist are in the dict — on CPU every operation of the loop body costs, even on an
-    # empty array.
-    nq = s.phiq.shape[1]
-    parts = ["y"] + (["q"] if nq else []) + (["s", "sq"][: 1 + bool(nq)] if sens else [])
-    source = dict(y=s.phi, q=s.phiq, s=s.phis, sq=s.phiqs)
-    hist = {p: scale_history(source[p], co["beta"], co["ns"], k) for p in parts}
-    cj = co["cj"]
-
-    ewt_err = ewt * problem.error_mask
-    ewtq = error_weights(s.phiq[0], problem.quad_rtol, problem.quad_atol)
+    coef = set_coefficients(s.psi, h, k, s.k_used, s.h_used, s.ns, dtype)
+    cj = coef.cj
     too_accurate = uround * wrms(s.phi[0], ewt) > 1.0
-    if sens is not None:
-        ewt_s = error_weights(s.phis[0], problem.rtol, sens.atol)
-        ewtq_s = error_weights(s.phiqs[0], problem.quad_rtol, sens.quad_atol)
 
-    def err_norm(v):
-        """WRMS norm of a correction-like dict over `parts`: the maximum over the parts
-        under error control (IDAS's combined norm)."""
-        nrm = grouped_wrms(v["y"], ewt_err, problem.error_groups)
-        if problem.quad_error_control and "q" in v:
-            nrm = jnp.maximum(nrm, grouped_wrms(v["q"], ewtq, problem.error_groups))
-        if sens is not None and sens.error_control:
-            nrm = jnp.maximum(nrm, jnp.max(jax.vmap(wrms)(v["s"], ewt_s * problem.error_mask)))
-            if problem.quad_error_control and "sq" in v:
-                nrm = jnp.maximum(nrm, jnp.max(jax.vmap(wrms)(v["sq"], ewtq_s)))
-        return nrm
+    # --- predictor: all histories rescaled to the new step and extrapolated -----------
+    source = Parts(s.phi, s.phiq, s.phis, s.phiqs)
+    hist = Parts(y=s.phi, q=s.phiq if nq else None, s=s.phis if sens else None,
+                 sq=s.phiqs if (sens and nq) else None)
+    hist = hist.map(lambda phi: scale_history(phi, coef.beta, coef.ns, k))
+    preds = hist.map(lambda phi: predict(phi, coef.gamma, k))
+    y_pred, yp_pred = preds.y
 
-    # --- Newton ---------------------------------------------------------------------
-    first = s.fresh
-    cj_old = jnp.where(first, cj, s.cj_old)
-    ss = jnp.where(first, 20.0, s.ss)
-    ratio = cj / cj_old
-    setup = first | (ratio < 0.6) | (ratio > 1.0 / 0.6) | s.new_matrix
-    ss = jnp.where(cj != s.cj, 100.0, ss)
-    if problem.reset_newton_rate:
-        ss = jnp.full_like(ss, 100.0)
-    preds = {p: predict(hist[p], co["gamma"], k) for p in parts}
-    y_pred, yp_pred = preds["y"]
-    nw = newton_solve(problem.residual, problem.args, problem.linear_solver, t_eval, y_pred,
-                      yp_pred, cj, ewt, s.lin_state, s.jac_point, cj_old, ss, setup,
-                      linear=problem.reset_newton_rate, mask_probe=problem.algebraic_probe,
-                      index2=problem.index2)
-    ee = nw.ee
-    converged = nw.converged
-    constraint_fail = jnp.zeros((), bool)
-    eta_constraint = jnp.ones((), dtype)
-    pressing = jnp.zeros((), bool)
-    if problem.constraints is not None:
-        # IDAS IDANls: a converged y violating the constraints is projected back when the
-        # projection is below the Newton tolerance, otherwise the step is retried with
-        # h' = η h, η = max(0.9 min φ0/(φ0 − y) over the violators, 0.1).
-        y_try = y_pred + ee
-        mm = violated(problem.constraints, y_try)
-        c = problem.constraints.astype(dtype)
-        a = (jnp.abs(c) > 1.5).astype(dtype)
-        v = jnp.where(mm, y_try - 0.1 * a * c / ewt, 0.0)
-        small = wrms(v, ewt) <= EPS_NEWT
-        projected = converged & jnp.any(mm) & small
-        # A projection the DAE undoes at once: y' points across the bound, by more than
-        # 1e-3 tolerance units over the step. Repeated step after step (10 times) the
-        # constraint is infeasible — the integration would creep along the bound in
-        # steps of the Newton tolerance (y ≥ 0 with y' = −1 ran to max_steps).
-        yp_try = yp_pred + cj * ee
-        outward = mm & (c * yp_try < 0) & (jnp.abs(h * yp_try) * ewt > 1e-3)
-        pressing = projected & jnp.any(outward)
-        ee = jnp.where(projected, ee - v, ee)
-        constraint_fail = converged & jnp.any(mm) & ~small
-        ratio_c = jnp.where(mm, s.phi[0] / jnp.where(mm, s.phi[0] - y_try, 1.0), jnp.inf)
-        eta_constraint = jnp.maximum(0.9 * jnp.min(ratio_c), 0.1)
-        converged = converged & ~constraint_fail
-    y = y_pred + ee
-    yp = yp_pred + cj * ee
-    lin_state, jac_point, cj_old_new = nw.lin_state, nw.jac_point, nw.cj_old
-    extra_res = jnp.zeros((), jnp.int32)
+    # --- corrector: the state, then quadratures and sensitivities at the converged y ---
+    corrector = correct_state(problem, s, coef, t_eval, h, y_pred, yp_pred, ewt)
+    newton = corrector.newton
+    converged = corrector.converged
+    # Quadratures: explicit correction e_Q = (q(t, y, y') − y_Q'(0))/cj (§6.2.5).
+    corr = Parts(y=corrector.correction,
+                 q=None if preds.q is None
+                 else (problem.quad(t_eval, corrector.y, corrector.yp) - preds.q[1]) / cj)
     redo = jnp.zeros((), bool)
     ss_sens = s.ss_sens
-    lin_stats = dict(nw.linear_stats)
-
-    corr = {"y": ee}
-    # --- quadratures: explicit correction eeQ = (q(t, y, y') − yQ'_(0))/cj -----------
-    if "q" in parts:
-        corr["q"] = (problem.quad(t_eval, y, yp) - preds["q"][1]) / cj
-
-    # --- forward sensitivities: staggered corrector at the converged state ----------
+    linear_stats = dict(newton.linear_stats)
+    sens_residual_evals = None
     if sens is not None:
-        s_pred, sp_pred = preds["s"]
-        # IDAS keeps ssS from step to step: 20 after a new J, 100 when cj changed.
-        ss_s = jnp.where(first | (nw.num_jacobian_evals > 0), 20.0, s.ss_sens)
-        ss_s = jnp.where(cj != s.cj, 100.0, ss_s)
-        sc = sensitivity_corrector(problem, sens, t_eval, y, yp, cj, s_pred, sp_pred, ewt_s,
-                                   lin_state, cj_old_new, ss_s)
-        ss_sens = sc.ss
-        corr["s"] = sc.ee
-        # Sensitivities not converged with a J from an earlier step: redo the step, same
-        # h and order, with J rebuilt — IDAS's staggered solver calls lsetup and iterates
-        # again within the step; redoing it keeps the loop body free of control flow.
-        redo = converged & ~sc.converged & (nw.num_jacobian_evals == 0)
-        converged = converged & sc.converged
-        extra_res = sc.num_residual_evals
-        lin_stats = {name: lin_stats[name] + sc.linear_stats[name] for name in lin_stats}
-        if "sq" in parts:
-            qs_rate = quadrature_sensitivities(problem, sens, t_eval, y, yp, s_pred + sc.ee,
-                                               sp_pred + cj * sc.ee)
-            corr["sq"] = (qs_rate - preds["sq"][1]) / cj
+        s_pred, sp_pred = preds.s
+        sensitivities = correct_sensitivities(problem, s, sens, cj, t_eval, corrector, s_pred,
+                                              sp_pred, weights.s, preds.sq is not None)
+        ss_sens = sensitivities.rate_factor
+        redo = sensitivities.redo
+        converged = converged & sensitivities.converged
+        sens_residual_evals = sensitivities.num_residual_evals
+        linear_stats = {name: linear_stats[name] + sensitivities.linear_stats[name]
+                        for name in linear_stats}
+        corr = corr._replace(
+            s=sensitivities.correction,
+            sq=None if preds.sq is None else (sensitivities.quad_rate - preds.sq[1]) / cj)
 
-    # --- local error test (6.9) and the order-lowering estimates ------------------
-    sigma = co["sigma"]
-    enorm_k = err_norm(corr)
-    err_k = _at(sigma, k) * enorm_k
-    terr_k = (k + 1) * err_k
-    d1 = {p: history_row(hist[p], k) + corr[p] for p in parts}
-    err_km1 = _at(sigma, k - 1) * err_norm(d1)
-    terr_km1 = k * err_km1
-    d2 = {p: d1[p] + history_row(hist[p], k - 1) for p in parts}
-    err_km2 = _at(sigma, k - 2) * err_norm(d2)
-    terr_km2 = (k - 1) * err_km2
-    lower = jnp.where(k > 2, jnp.maximum(terr_km1, terr_km2) <= terr_k,
-                      (k == 2) & (terr_km1 <= 0.5 * terr_k))
-    knew = jnp.where(lower, k - 1, k)
-    passed = converged & (co["ck"] * enorm_k <= 1.0) & (t_new > s.t) & ~nw.mask_violated
-
-    # --- accepted: IDACompleteStep ---------------------------------------------------
-    nst = s.stats["num_steps"] + 1
-    kdiff = k - s.k_used
-    top = jnp.minimum(problem.max_order, MAXORD)
-    phase = jnp.where((knew == k - 1) | (k >= top), 1, s.phase)
-    err_kp1 = err_norm({p: corr[p] - history_row(hist[p], k + 1) for p in parts}) / (k + 2)
-    terr_kp1 = (k + 2) * err_kp1
-    hold = (k >= top) | (k + 1 >= co["ns"]) | (kdiff == 1)
-    # Recovery after an error-test failure (a deviation from IDAS, whose rules are kept
-    # otherwise): until the order selection has seen k + 1 steps at constant step size
-    # and chosen to keep the order, the step size is not increased, an order raise is not
-    # combined with a larger step, and the order is not lowered on an accepted step.
-    # Why: the error estimate of a low-order step can be a small difference of large
-    # terms that cancel only at constant step size. On the transistor amplifier at
-    # rtol 1e-8 (Test Set), after three failures dropped the order to 1, the estimate at
-    # constant h was 0.025 while at 2h it was 1.6 (≈ 65x for a doubling, against the 4x
-    # of an h² error): IDAS's rules then doubled the step after each success, failed,
-    # halved it, and never saw k + 1 steps at one step size, so the order, which alone
-    # allows larger steps there, never rose again — tens of thousands of order-1 steps
-    # of ~5e-8 with an error-test failure every other step (IDA itself shows the same
-    # trap: 76 000–138 000 steps on that run). The order-1 estimate also favoured
-    # lowering back from order 2 while its cancellation lasted.
-    recovering = s.recovering
-    act_lower = ((knew == k - 1) | (~hold & (k > 1) & (terr_km1 <= jnp.minimum(terr_k, terr_kp1)))) & ~recovering
-    act_raise = ~act_lower & ~hold & jnp.where(k == 1, terr_kp1 < 0.5 * terr_k,
-                                              terr_kp1 < terr_k)
-    k_sel = k + act_raise.astype(k.dtype) - act_lower.astype(k.dtype)
-    err_knew = jnp.where(act_raise, err_kp1, jnp.where(act_lower, err_km1, err_k))
-    rr = (2.0 * err_knew + 1e-4) ** (-1.0 / (k_sel + 1))
-    h_sel = jnp.where(rr >= 2.0, 2.0 * h, jnp.where(rr <= 1.0, h * jnp.clip(rr, ETA_MIN, ETA_LOW), h))
-    still_recovering = recovering & ((co["ns"] <= k + 1) | act_raise)
-    h_sel = jnp.where(still_recovering, jnp.minimum(h_sel, h), h_sel)
-    h_sel = jnp.maximum(h_sel, problem.min_step)
-    in_phase0 = phase == 0
-    k_acc = jnp.minimum(jnp.where(in_phase0, jnp.where(nst > 1, k + 1, k), k_sel), top)
-    h_acc = jnp.where(in_phase0, jnp.where(nst > 1, 2.0 * h, h), h_sel)
-
-    # --- rejected: IDAHandleNFlag ------------------------------------------------------
-    conv_fail = ~converged & ~redo
-    error_fail = converged & ~passed
-    nef = s.nef + error_fail.astype(jnp.int32)
-    ncf = s.ncf + conv_fail.astype(jnp.int32)
-    err_knew_f = jnp.where(knew == k, err_k, err_km1)
-    eta_ef1 = jnp.clip(0.9 * (2.0 * err_knew_f + 1e-4) ** (-1.0 / (knew + 1)), ETA_MIN_EF, ETA_LOW)
-    eta_fail = jnp.where(conv_fail, jnp.where(constraint_fail, eta_constraint, ETA_CF),
-                         jnp.where(redo, 1.0, jnp.where(nef == 1, eta_ef1, ETA_MIN_EF)))
-    k_fail = jnp.where(conv_fail | redo, k, jnp.where(nef >= 3, 1, knew))
+    # --- error test, then the next step on success or the retry on failure -----------
+    test = error_test(problem, weights, coef, hist, corr, k)
+    passed = (converged & (coef.ck * test.norm_k <= 1.0) & (t_new > s.t)
+              & ~newton.mask_violated)
+    accept = select_order_and_step(problem, s, weights, coef, hist, corr, test, h, k)
+    failure = handle_failure(problem, s, corrector, test, converged, passed, redo, h, k)
     at_min_step = h <= problem.min_step * (1 + 4 * uround)
-    h_fail = jnp.maximum(h * eta_fail, problem.min_step)
-    # On the very first step φ_1 = h y'_0 and ψ_0 = h are rescaled with h (IDAS IDAReset).
-    rescale = jnp.where(first, eta_fail, 1.0)
-    hist_fail = dict(source)
-    hist_fail.update({p: update_row(source[p], 1, lambda row: row * rescale) for p in parts})
+    hist_fail = hist.map(lambda _, phi: update_row(phi, 1, lambda row: row * failure.rescale),
+                         source).fill(source)
+    stats = updated_stats(problem, s, newton, linear_stats, sens_residual_evals, passed, failure)
+    npress = jnp.where(corrector.pressing, s.npress + 1, 0)
+    result = status(s, corrector, failure, passed, npress, at_min_step,
+                    jnp.where(passed, accept.h, failure.h), t_new, too_accurate)
 
-    # --- assemble ------------------------------------------------------------------------
-    st = dict(s.stats)
-    st["num_residual_evals"] = st["num_residual_evals"] + nw.num_residual_evals
-    st["num_jacobian_evals"] = st["num_jacobian_evals"] + nw.num_jacobian_evals
-    st["num_nonlinear_iters"] = st["num_nonlinear_iters"] + nw.num_iters
-    for name, count in lin_stats.items():
-        st[name] = st[name] + count
-    if s.phiq.shape[1] > 0:
-        st["num_quadrature_evals"] = st["num_quadrature_evals"] + 1
-    if sens is not None:
-        st["num_sensitivity_residual_evals"] = st["num_sensitivity_residual_evals"] + extra_res
-    st["num_steps"] = jnp.where(passed, nst, s.stats["num_steps"])
-    st["num_error_test_failures"] = st["num_error_test_failures"] + error_fail
-    st["num_nonlinear_convergence_failures"] = st["num_nonlinear_convergence_failures"] + conv_fail
-
-    h_next = jnp.where(passed, h_acc, h_fail)
-    W = RESULTS.where
-    # IDAS gives up after maxncf/maxnef failures in one step, or at once when a step
-    # already at the minimum step size fails.
-    gave_up_conv = conv_fail & ((ncf >= MAX_CONV_FAILS) | at_min_step)
-    # At the edge of the residual's domain (h_nan: a NaN residual at a larger step not
-    # yet recovered from), the step sizes collapse between NaN failures, error-test
-    # failures and iteration matrices that are not finite there (which look singular):
-    # the cause reported is the domain.
-    nan_fail = conv_fail & (nw.fail_kind == FAIL_NONFINITE)
-    at_edge = s.h_nan > 0
-    fail_kind = jnp.where(at_edge & (nw.fail_kind == FAIL_SINGULAR), FAIL_NONFINITE,
-                          nw.fail_kind)
-    conv_result = W(constraint_fail, RESULTS.constraint_failures,
-                    W(fail_kind == FAIL_SINGULAR, RESULTS.singular_matrix,
-                      W(fail_kind == FAIL_NONFINITE, RESULTS.nonfinite_residual,
-                        W(fail_kind == FAIL_LINEAR, RESULTS.linear_solver_failures,
-                          RESULTS.convergence_failures))))
-    npress = jnp.where(pressing, s.npress + 1, 0)
-    result = W(gave_up_conv, conv_result,
-               W(error_fail & ((nef >= MAX_ERROR_TEST_FAILS) | at_min_step),
-                 RESULTS.error_test_failures,
-                 W(passed & (npress >= MAX_CONV_FAILS), RESULTS.constraint_failures,
-                   RESULTS.successful)))
-    # A step size driven to underflow by NaN residuals is a domain error (the solution
-    # reached the edge of the residual's domain, e.g. sqrt of a state going negative).
-    # Likewise a step size driven to underflow by an iterative linear solver that cannot
-    # reach its tolerance is that solver's failure, not a singularity of the solution.
-    underflow = W(nan_fail | at_edge, RESULTS.nonfinite_residual,
-                  W(conv_fail & (fail_kind == FAIL_LINEAR), RESULTS.linear_solver_failures,
-                    RESULTS.step_size_too_small))
-    result = W(s.t + h_next == s.t, underflow, result)
-    result = W(nw.mask_violated, RESULTS.wrong_algebraic_mask, result)
-    # A step below half a spacing of t (`step_end`): nothing was attempted.
-    result = W(t_new == s.t, RESULTS.step_size_too_small, result)
-    result = W(too_accurate, RESULTS.tolerance_too_small, result)
-
-    new_hist = dict(source)
-    new_hist.update({p: complete_history(hist[p], corr[p], k) for p in parts})
+    # --- the two outcomes -------------------------------------------------------------
+    new_hist = hist.map(lambda phi, c: complete_history(phi, c, k), corr).fill(source)
     accepted_state = State(
-        t=t_new, h=h_acc, h_used=h, k=k_acc, k_used=k, ns=co["ns"], phase=phase,
-        phi=new_hist["y"], phiq=new_hist["q"], phis=new_hist["s"], phiqs=new_hist["sq"],
-        psi=co["psi"], cj=cj, cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens,
-        new_matrix=jnp.zeros((), bool), lin_state=lin_state,
-        jac_point=jac_point, nef=jnp.zeros_like(nef), ncf=jnp.zeros_like(ncf), npress=npress,
+        t=t_new, h=accept.h, h_used=h, k=accept.k, k_used=k, ns=coef.ns, phase=accept.phase,
+        phi=new_hist.y, phiq=new_hist.q, phis=new_hist.s, phiqs=new_hist.sq,
+        psi=coef.psi, cj=cj, cj_old=newton.cj_old, ss=newton.ss, ss_sens=ss_sens,
+        new_matrix=jnp.zeros((), bool), lin_state=newton.lin_state,
+        jac_point=newton.jac_point, nef=jnp.zeros_like(failure.nef),
+        ncf=jnp.zeros_like(failure.ncf), npress=npress,
         h_nan=jnp.where(h >= s.h_nan, 0.0, s.h_nan), fresh=jnp.zeros((), bool),
         restart_pending=(jnp.zeros((), bool) if problem.breakpoints is None
                          else jnp.any(problem.breakpoints == t_new)),
-        recovering=still_recovering | (s.nef > 0), stats=st, result=result,
+        recovering=accept.still_recovering | (s.nef > 0), stats=stats, result=result,
     )
+    nan_fail = failure.conv_fail & (newton.fail_kind == FAIL_NONFINITE)
     rejected_state = State(
-        t=s.t, h=h_fail, h_used=s.h_used, k=k_fail, k_used=s.k_used, ns=co["ns"],
-        phase=jnp.where(redo, s.phase, jnp.ones_like(phase)), phi=hist_fail["y"], phiq=hist_fail["q"],
-        phis=hist_fail["s"], phiqs=hist_fail["sq"], psi=jnp.where(first, s.psi.at[0].set(h_fail), s.psi), cj=cj,
-        cj_old=cj_old_new, ss=nw.ss, ss_sens=ss_sens, new_matrix=redo, lin_state=lin_state,
-        jac_point=jac_point, nef=jnp.where(conv_fail, s.nef, nef),
-        ncf=ncf, npress=s.npress, h_nan=jnp.where(nan_fail, h, s.h_nan), fresh=s.fresh,
-        restart_pending=s.restart_pending, recovering=s.recovering | error_fail, stats=st,
-        result=result,
+        t=s.t, h=failure.h, h_used=s.h_used, k=failure.k, k_used=s.k_used, ns=coef.ns,
+        phase=jnp.where(redo, s.phase, jnp.ones_like(accept.phase)), phi=hist_fail.y,
+        phiq=hist_fail.q, phis=hist_fail.s, phiqs=hist_fail.sq,
+        psi=jnp.where(s.fresh, s.psi.at[0].set(failure.h), s.psi), cj=cj,
+        cj_old=newton.cj_old, ss=newton.ss, ss_sens=ss_sens, new_matrix=redo,
+        lin_state=newton.lin_state, jac_point=newton.jac_point,
+        nef=jnp.where(failure.conv_fail, s.nef, failure.nef), ncf=failure.ncf,
+        npress=s.npress, h_nan=jnp.where(nan_fail, h, s.h_nan), fresh=s.fresh,
+        restart_pending=s.restart_pending, recovering=s.recovering | failure.error_fail,
+        stats=stats, result=result,
     )
     # Both outcomes share the Newton's factorization: select everything else, not the
     # (n×n) factors.
-    strip = strip_linear_state
-    new = tree_where(passed, strip(accepted_state), strip(rejected_state))
-    return dataclasses.replace(new, lin_state=lin_state), passed
+    new = tree_where(passed, strip_linear_state(accepted_state),
+                     strip_linear_state(rejected_state))
+    return dataclasses.replace(new, lin_state=newton.lin_state), passed
 
 
 class Outputs(eqx.Module):

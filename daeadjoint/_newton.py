@@ -17,6 +17,8 @@ predictor, with the iteration matrix J = F_y + cj_old F_y' of the last setup:
   correction.
 """
 
+from typing import NamedTuple
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -83,6 +85,28 @@ def _builds_from_residual(linear_solver) -> bool:
     return getattr(linear_solver, "jac", None) is None
 
 
+class _Iteration(NamedTuple):
+    """`newton_solve`'s loop carry."""
+
+    ee: jax.Array              # the correction y − y_(0) so far
+    m: jax.Array               # iterations since the last setup
+    oldnrm: jax.Array          # ‖δ‖ of the first of them (the rate's base)
+    ss: jax.Array              # the convergence-rate factor S
+    lin: object                # the linear solver's state (J, factored)
+    jac_point: tuple           # (t, y, y') where `lin` was set up
+    cj_old: jax.Array          # cj of that setup
+    jcur: jax.Array            # J was set up in this call
+    setup: jax.Array           # set J up before the next iteration
+    status: jax.Array          # 0 running, 1 converged, 2 failed
+    fail_kind: jax.Array
+    lin_failed_any: jax.Array  # an inexact linear solve missed its tolerance
+    mask: jax.Array            # F_y' (a∘r) ≠ 0 at a setup
+    nre: jax.Array             # residual evaluations, Jacobian setups, iterations
+    nje: jax.Array
+    nni: jax.Array
+    lin_stats: dict
+
+
 def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
                  lin_state, jac_point, cj_old, ss, force_setup, linear: bool = False,
                  mask_probe=None, index2=None) -> NewtonResult:
@@ -114,12 +138,12 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
     int_ = jnp.int32
     scale_cols = index2 is not None and _builds_from_residual(linear_solver)
 
-    def cond(c):
-        return c["status"] == 0
+    def cond(c: _Iteration):
+        return c.status == 0
 
-    def body(c):
-        ee = c["ee"]
-        do_setup = c["setup"]
+    def body(c: _Iteration) -> _Iteration:
+        ee = c.ee
+        do_setup = c.setup
 
         def setup():
             y_s, yp_s = y_pred + ee, yp_pred + cj * ee
@@ -132,15 +156,15 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
             else:
                 lin_new = linear_solver.setup(residual, t, y_s, yp_s, cj, args)
             if mask_probe is None:
-                return lin_new, c["mask"]
-            return lin_new, c["mask"] | depends_on_yp(residual, t, y_s, yp_s, args, mask_probe)
+                return lin_new, c.mask
+            return lin_new, c.mask | depends_on_yp(residual, t, y_s, yp_s, args, mask_probe)
 
-        lin, mask = maybe_update(do_setup, setup, (c["lin"], c["mask"]))
+        lin, mask = maybe_update(do_setup, setup, (c.lin, c.mask))
         singular = do_setup & linear_solver.is_singular(lin)
-        jac_point = tree_where(do_setup, (t, y_pred + ee, yp_pred + cj * ee), c["jac_point"])
-        cj_old_ = jnp.where(do_setup, cj, c["cj_old"])
-        ss_ = jnp.where(do_setup, 20.0, c["ss"])
-        jcur = c["jcur"] | do_setup
+        jac_point = tree_where(do_setup, (t, y_pred + ee, yp_pred + cj * ee), c.jac_point)
+        cj_old_ = jnp.where(do_setup, cj, c.cj_old)
+        ss_ = jnp.where(do_setup, 20.0, c.ss)
+        jcur = c.jcur | do_setup
 
         y_it, yp_it = y_pred + ee, yp_pred + cj * ee
         if linear_solver.needs_operator:
@@ -159,9 +183,9 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         delta = x * scale
         ee_new = ee + delta
         delnrm = wrms(delta, ewt)
-        m = c["m"]
+        m = c.m
         first = m == 0
-        rate = (delnrm / jnp.where(first, 1.0, c["oldnrm"])) ** (1.0 / jnp.maximum(m, 1))
+        rate = (delnrm / jnp.where(first, 1.0, c.oldnrm)) ** (1.0 / jnp.maximum(m, 1))
         diverging = ~first & (rate > RATE_MAX)
         ss_ = jnp.where(first, ss_, rate / (1.0 - rate))
         converged = (first & (delnrm <= 1e-4 * TOLDEL)) | (~diverging & (ss_ * delnrm <= EPS_NEWT))
@@ -169,7 +193,7 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         lin_failed = linear_solver.solve_failed(lin_stats)
         # A Newton iteration that fails after an inexact linear solve (a stalled
         # correction, or a divergence it caused) is reported as the linear solver's.
-        lin_failed_any = c["lin_failed_any"] | lin_failed
+        lin_failed_any = c.lin_failed_any | lin_failed
         converged = converged & ~lin_failed
         failed = bad | diverging | (~converged & (m + 1 >= MAX_ITERS)) | (lin_failed & ~first)
         if linear:
@@ -186,19 +210,19 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         # A wrong algebraic mask ends the iteration (the step reports it).
         status = jnp.where(mask, 2, jnp.where(converged, 1, jnp.where(failed & ~retry, 2, 0)))
         status = status.astype(int_)
-        return dict(
+        return _Iteration(
             ee=jnp.where(retry, 0.0, ee_new),
             m=jnp.where(retry, 0, m + 1).astype(int_),
-            oldnrm=jnp.where(first, delnrm, c["oldnrm"]),
+            oldnrm=jnp.where(first, delnrm, c.oldnrm),
             ss=ss_, lin=lin, jac_point=jac_point, cj_old=cj_old_, jcur=jcur & ~retry, setup=retry,
             status=status, fail_kind=fail_kind.astype(int_), lin_failed_any=lin_failed_any,
             mask=mask,
-            nre=c["nre"] + 1, nje=c["nje"] + do_setup.astype(int_), nni=c["nni"] + 1,
-            lin_stats={k: c["lin_stats"][k] + lin_stats[k] for k in c["lin_stats"]},
+            nre=c.nre + 1, nje=c.nje + do_setup.astype(int_), nni=c.nni + 1,
+            lin_stats={k: c.lin_stats[k] + lin_stats[k] for k in c.lin_stats},
         )
 
     zero = jnp.zeros((), int_)
-    init = dict(
+    init = _Iteration(
         ee=jnp.zeros_like(y_pred), m=zero, oldnrm=jnp.ones((), y_pred.dtype), ss=ss,
         lin=lin_state, jac_point=jac_point, cj_old=cj_old, jcur=jnp.zeros((), bool), setup=force_setup,
         status=zero, fail_kind=zero, lin_failed_any=jnp.zeros((), bool),
@@ -208,8 +232,8 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
     )
     out = jax.lax.while_loop(cond, body, init)
     return NewtonResult(
-        ee=out["ee"], converged=out["status"] == 1, fail_kind=out["fail_kind"],
-        lin_state=out["lin"], jac_point=out["jac_point"], cj_old=out["cj_old"], ss=out["ss"],
-        num_residual_evals=out["nre"], num_jacobian_evals=out["nje"], num_iters=out["nni"],
-        linear_stats=out["lin_stats"], mask_violated=out["mask"],
+        ee=out.ee, converged=out.status == 1, fail_kind=out.fail_kind,
+        lin_state=out.lin, jac_point=out.jac_point, cj_old=out.cj_old, ss=out.ss,
+        num_residual_evals=out.nre, num_jacobian_evals=out.nje, num_iters=out.nni,
+        linear_stats=out.lin_stats, mask_violated=out.mask,
     )

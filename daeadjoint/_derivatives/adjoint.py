@@ -48,26 +48,27 @@ differentiated (Eberhard & Bischof): what is differentiated is the continuous pr
 
 import dataclasses
 from collections.abc import Callable
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
+from jaxtyping import Array
 
 from .._consistency import Split, consistency_solve, split_at
-from .._core import Tangents, build_problem, run_forward
+from .._core import build_problem, run_forward
 from .._events import observations
 from .._jax_internals import unvmap_any
-from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, StepRecorder,
-                           initial_state, initial_step, integrate, restore_linear_state,
-                           segment_capacity)
+from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, State,
+                           StepRecorder, initial_state, initial_step, integrate,
+                           restore_linear_state, segment_capacity)
 from .._linalg.linear_solver import AbstractLinearSolver
 from .._newton import maybe_update, tree_where
 from .._results import RESULTS, succeeded
 from .discrete_adjoint import DiscreteAdjoint
 from .reverse import AbstractAdjoint
-from .tangents import _restrict
+from .tangents import _restrict, reverse_tangents_at_t0
 
 
 # How the backward pass evaluates the forward solution between steps (`Adjoint`).
@@ -434,80 +435,92 @@ class _Backward(eqx.Module):
         return jnp.any(self.breakpoints == t)
 
 
-# The backward pass's carry (a dict): c (segment index), t_cur (time reached), obs (next
-# observation row), adj (the BDF state of (A)), w (quadrature weights), pbar (parameter
-# gradient banked at restarts), buf (the current segment's steps), started, ok,
-# adj_steps (steps of (A) before the latest restart), t_r (the restart time of s).
+class _Sweep(NamedTuple):
+    """The backward pass's loop carry."""
+
+    segment: Array            # the forward segment being integrated through (−1: done)
+    t_cur: Array              # the time reached
+    t_low: Array              # the current segment's start
+    obs: Array                # the next observation row
+    adj: State                # the BDF state of (A)
+    w: Array                  # the quadratures' weights (k, nq)
+    pbar: Array               # the parameter gradient banked at restarts (k, npar)
+    buf: StepRecorder         # the current segment's forward steps
+    started: Array            # (A) has been started
+    ok: Array
+    adj_steps: Array          # steps of (A) before the latest restart
+    t_r: Array                # the restart time of s = t_r − t
+    equations: Array          # the algebraic equations of (A) (`Split.algebraic_equations`)
 
 
-def observe(bw: _Backward, c: dict) -> dict:
+def observe(bw: _Backward, c: _Sweep) -> _Sweep:
     """At an observation (or the first time): jump μ (module docstring), add the
     quadrature weights, bank the parameter gradient and restart (A) from consistent
     values."""
     k, npar, dtype = bw.k, bw.terms.npar, bw.rtol.dtype
-    obs, yb, ypb, qb = bw.observed_at(c["obs"], c["t_cur"])
-    jumps = (jnp.any(yb != 0) | jnp.any(ypb != 0) | jnp.any(qb != 0) | ~c["started"]
-             | bw.at_breakpoint(c["t_cur"]))
-    adj_old = c["adj"]
-    old = (adj_old, c["w"], c["pbar"], c["adj_steps"], c["t_r"], c["equations"])
+    obs, yb, ypb, qb = bw.observed_at(c.obs, c.t_cur)
+    jumps = (jnp.any(yb != 0) | jnp.any(ypb != 0) | jnp.any(qb != 0) | ~c.started
+             | bw.at_breakpoint(c.t_cur))
+    adj_old = c.adj
+    old = (adj_old, c.w, c.pbar, c.adj_steps, c.t_r, c.equations)
 
     def do_restart():
-        t = c["t_cur"]
-        mu = jnp.where(c["started"], bw.mu(adj_old), 0.0)
-        banked = jnp.where(c["started"], adj_old.phiq[0].reshape(k, npar), 0.0)
-        w = c["w"] + qb
-        y, yp = c["buf"].evaluate(t)
+        t = c.t_cur
+        mu = jnp.where(c.started, bw.mu(adj_old), 0.0)
+        banked = jnp.where(c.started, adj_old.phiq[0].reshape(k, npar), 0.0)
+        w = c.w + qb
+        y, yp = c.buf.evaluate(t)
         split = bw.split(t, y, yp)
         mu, p_jump = jump(bw.terms, bw.solver, split, t, y, yp, mu, yb, ypb, bw.p)
         Z, Zs = restart_values(bw.terms, bw.solver, split, t, mu, w, y, yp, bw.p)
-        t_next = bw.next_time(c["t_low"], obs, t)
+        t_next = bw.next_time(c.t_low, obs, t)
         equations = split.algebraic_equations
-        prob = bw.problem(c["buf"], w, t, t_next, equations)   # s = t_r − t restarts at 0
+        prob = bw.problem(c.buf, w, t, t_next, equations)   # s = t_r − t restarts at 0
         s0 = jnp.zeros((), dtype)
         h0 = initial_step(prob, s0, Z, Zs, prob.quad(s0, Z, Zs), t - t_next)
         fresh = initial_state(prob, s0, Z, Zs, h0)
-        steps = c["adj_steps"] + jnp.where(c["started"], adj_old.stats["num_steps"], 0)
-        new = (fresh, w, c["pbar"] + banked + p_jump, steps, t, equations)
+        steps = c.adj_steps + jnp.where(c.started, adj_old.stats["num_steps"], 0)
+        new = (fresh, w, c.pbar + banked + p_jump, steps, t, equations)
         return tree_where(jumps, new, old)
 
     adj, w, pbar, steps, t_r, equations = jax.lax.cond(unvmap_any(jumps), do_restart,
                                                        lambda: old)
-    return dict(c, obs=obs, adj=adj, w=w, pbar=pbar, adj_steps=steps, t_r=t_r,
+    return c._replace(obs=obs, adj=adj, w=w, pbar=pbar, adj_steps=steps, t_r=t_r,
                 equations=equations)
 
 
-def rebase(c: dict) -> dict:
+def rebase(c: _Sweep) -> _Sweep:
     """Once t is nearer to 0 than to the restart time t_r, continue in s = −t: the
     forward solution's own fast transients (near t0, e.g. Robertson's) are resolvable in
     absolute time but not in s = t_r − t when t_r ≫ t. Only s and the setup point move:
     the BDF history is in step sizes."""
-    t_r, adj = c["t_r"], c["adj"]
-    d = jnp.where(jnp.abs(c["t_cur"]) < t_r - c["t_cur"], -t_r, 0.0).astype(adj.t.dtype)
+    t_r, adj = c.t_r, c.adj
+    d = jnp.where(jnp.abs(c.t_cur) < t_r - c.t_cur, -t_r, 0.0).astype(adj.t.dtype)
     adj = eqx.tree_at(lambda a: (a.t, a.jac_point[0]), adj, (adj.t + d, adj.jac_point[0] + d))
-    return dict(c, adj=adj, t_r=t_r + d)
+    return c._replace(adj=adj, t_r=t_r + d)
 
 
-def integrate_segment(bw: _Backward, c: dict, max_steps: int) -> dict:
-    """Integrate (A) backward over the current segment (down to c["t_low"]), stopping
+def integrate_segment(bw: _Backward, c: _Sweep, max_steps: int) -> _Sweep:
+    """Integrate (A) backward over the current segment (down to c.t_low), stopping
     at each observation in it to jump and restart."""
     empty = _empty_outputs(bw.rtol.dtype, 2 * bw.n * bw.k, bw.terms.npar * bw.k)
 
     def cond(c):
-        return (c["t_cur"] > c["t_low"]) & c["ok"]
+        return (c.t_cur > c.t_low) & c.ok
 
     def body(c):
         c = rebase(observe(bw, c))
-        t_next = bw.next_time(c["t_low"], c["obs"], c["t_cur"])
-        t_r = c["t_r"]
-        adj, _, _, _ = integrate(bw.problem(c["buf"], c["w"], t_r, t_next, c["equations"]),
-                                 c["adj"], empty, t_r - t_next, max_steps)
+        t_next = bw.next_time(c.t_low, c.obs, c.t_cur)
+        t_r = c.t_r
+        adj, _, _, _ = integrate(bw.problem(c.buf, c.w, t_r, t_next, c.equations),
+                                 c.adj, empty, t_r - t_next, max_steps)
         ok = adj.result == RESULTS.successful
-        return dict(c, adj=adj, started=jnp.ones((), bool), t_cur=t_next, ok=c["ok"] & ok)
+        return c._replace(adj=adj, started=jnp.ones((), bool), t_cur=t_next, ok=c.ok & ok)
 
     return jax.lax.while_loop(cond, body, c)
 
 
-def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: dict, i, yp0,
+def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: _Sweep, i, yp0,
                   max_steps: int):
     """The steps of forward segment i (from checkpoint i): the ones the forward run kept
     if it is its last segment, else replayed; the current buffer if the segment starts
@@ -515,7 +528,7 @@ def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: dict, i, yp0
     cks = rec.checkpoints
     n_ck, ck_cap = cks.count, cks.states.t.shape[0]
     t_low = cks.states.t[i]
-    need = (t_low < c["t_cur"]) | (i == 0)
+    need = (t_low < c.t_cur) | (i == 0)
     ck = jax.tree_util.tree_map(lambda x: x[i], cks.states)
     # The last segment ends where the forward run did (t1, or the step holding a
     # terminal event).
@@ -527,7 +540,7 @@ def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: dict, i, yp0
     buf, ok = maybe_update(
         replay,
         lambda: replay_segment(problem_fwd, ck, i, t_next, yp0, buf0, max_steps),
-        (c["buf"], jnp.ones((), bool)))
+        (c.buf, jnp.ones((), bool)))
     if rec.segment is not None:
         buf = maybe_update(kept, lambda: rec.segment.buffer(buf0), buf)
     return buf, ok | ~replay, t_low
@@ -569,23 +582,22 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
     max_adj = adjoint.max_steps or config.max_steps
 
     def outer_cond(c):
-        return (c["c"] >= 0) & c["ok"]
+        return (c.segment >= 0) & c.ok
 
     def outer_body(c):
-        i = c["c"]
+        i = c.segment
         buf, ok, t_low = segment_steps(problem_fwd, rec, buf0, c, i, yp0,
                                        config.max_steps)
-        c = integrate_segment(bw, dict(c, buf=buf, ok=c["ok"] & ok, t_low=t_low), max_adj)
-        del c["t_low"]
-        return dict(c, c=i - 1)
+        c = integrate_segment(bw, c._replace(buf=buf, ok=c.ok & ok, t_low=t_low), max_adj)
+        return c._replace(segment=i - 1)
 
     # A failed forward run has no trajectory to go back along: skip (its derivatives
     # are reported NaN by the caller), so one failed batch member costs nothing.
-    carry0 = dict(c=jnp.where(succeeded(rec.result), rec.checkpoints.count - 1, -1),
-                  t_cur=ts[-1], obs=jnp.asarray(ts.shape[0] - 1, jnp.int32), adj=adj0, w=w0,
-                  pbar=jnp.zeros((k, terms.npar), dtype), buf=buf0,
-                  started=jnp.zeros((), bool), ok=jnp.ones((), bool),
-                  adj_steps=jnp.zeros((), jnp.int32), t_r=ts[-1], equations=inputs.algebraic)
+    carry0 = _Sweep(segment=jnp.where(succeeded(rec.result), rec.checkpoints.count - 1, -1),
+                    t_cur=ts[-1], t_low=ts[-1], obs=jnp.asarray(ts.shape[0] - 1, jnp.int32),
+                    adj=adj0, w=w0, pbar=jnp.zeros((k, terms.npar), dtype), buf=buf0,
+                    started=jnp.zeros((), bool), ok=jnp.ones((), bool),
+                    adj_steps=jnp.zeros((), jnp.int32), t_r=ts[-1], equations=inputs.algebraic)
     c = jax.lax.while_loop(outer_cond, outer_body, carry0)
 
     out = at_t0(bw, config, inputs, c, unravel, pd, p_events)
@@ -594,37 +606,29 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
     # saveat). They are exactly zero unless such a derivative is asked for.
     unsupported = (jnp.any(jnp.where(inputs.algebraic, bw.ypbar, 0.0) != 0)
                    | jnp.any(yd_bar[:, :, 2:] != 0))
-    result = RESULTS.where(~c["ok"], RESULTS.adjoint_failed,
+    result = RESULTS.where(~c.ok, RESULTS.adjoint_failed,
                            RESULTS.where(unsupported, RESULTS.unsupported_cotangent,
                                          RESULTS.successful))
     return _restrict(out, wanted), result
 
 
-def at_t0(bw: _Backward, config, inputs, c: dict, unravel, pd, p_events):
+def at_t0(bw: _Backward, config, inputs, c: _Sweep, unravel, pd, p_events):
     """At t0: the observations there, then the initial-value cotangents (`init`
     semantics) and the one of t0; the parameter gradient with everything banked."""
     k, npar, t0 = bw.k, bw.terms.npar, inputs.t0
-    adj = c["adj"]
-    mu = jnp.where(c["started"], bw.mu(adj), 0.0)
-    pbar = c["pbar"] + jnp.where(c["started"], adj.phiq[0].reshape(k, npar), 0.0)
-    _, yb, ypb, qb = bw.observed_at(c["obs"], t0)
-    y_t0, yp_t0 = c["buf"].evaluate(t0)
+    adj = c.adj
+    mu = jnp.where(c.started, bw.mu(adj), 0.0)
+    pbar = c.pbar + jnp.where(c.started, adj.phiq[0].reshape(k, npar), 0.0)
+    _, yb, ypb, qb = bw.observed_at(c.obs, t0)
+    y_t0, yp_t0 = c.buf.evaluate(t0)
     split = bw.split(t0, y_t0, yp_t0)
     mu, p_jump = jump(bw.terms, bw.solver, split, t0, y_t0, yp_t0, mu, yb, ypb, bw.p)
     pbar = pbar + p_jump
-    w = c["w"] + qb
+    w = c.w + qb
     ybar0, ypbar0, pbar = initial_value_cotangents(config, bw.terms, bw.solver, split, t0,
                                                    y_t0, yp_t0, mu, pbar, bw.p)
-    # Moving t0 with the given initial values fixed shifts the trajectory; ∫_{t0} q
-    # loses q(t0).
-    t0bar = -(split.diff_t(mu) @ yp_t0)
-    if config.quadrature is not None:
-        t0bar = t0bar - w @ config.quadrature(t0, y_t0, yp_t0, inputs.args)
-    args_bar = jax.vmap(unravel)(pbar) if npar else jax.tree_util.tree_map(
-        lambda x: jnp.zeros((k,) + x.shape, x.dtype), pd)
-    if p_events is not None:
-        args_bar = jax.tree_util.tree_map(jnp.add, args_bar, p_events)
-    return Tangents(t0=t0bar, y0=ybar0, yp0=ypbar0, args=args_bar)
+    return reverse_tangents_at_t0(config, inputs, split, mu, y_t0, yp_t0, w, pbar, unravel,
+                                  pd, p_events, y0_bar=ybar0, yp0_bar=ypbar0)
 
 
 def initial_value_cotangents(config, terms, solver, split, t0, y, yp, mu, pbar, p):

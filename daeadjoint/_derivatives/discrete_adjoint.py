@@ -25,11 +25,14 @@ segment · n), like the continuous adjoint.
 """
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
+from jaxtyping import Array
 
 from .._bdf import (NPHI, complete_history, derivative_weights, interpolation_weights, predict,
                     scale_history, set_coefficients)
@@ -40,7 +43,7 @@ from .._integrator import CheckpointRecorder, StepLog
 from .._linalg.linear_solver import SetupWithArgs
 from .._results import RESULTS, succeeded
 from .reverse import AbstractAdjoint
-from .tangents import _restrict
+from .tangents import _restrict, reverse_tangents_at_t0
 
 
 class DiscreteAdjoint(AbstractAdjoint):
@@ -120,22 +123,126 @@ def _corrector(solver, F, t, y_pred, yp_pred, cj, p, iters):
     return root(y_pred, yp_pred, p, t, cj)
 
 
+class _Control(NamedTuple):
+    """The step-size history a replayed step starts from (with φ, φ_Q)."""
+
+    psi: Array
+    k_used: Array
+    h_used: Array
+    ns: Array
+
+
+def _fresh_control(h, dtype) -> _Control:
+    """Before a first step of size h: ψ_0 = h, nothing used yet."""
+    return _Control(jnp.zeros((NPHI,), dtype).at[0].set(h), jnp.zeros((), jnp.int32),
+                    jnp.zeros((), dtype), jnp.zeros((), jnp.int32))
+
+
+class _StepData(NamedTuple):
+    """One recorded step, as the replay scans it."""
+
+    t_new: Array         # where it ends
+    h: Array
+    k: Array
+    valid: Array         # a recorded step (not the padding after the last)
+    t_prev: Array        # where it starts
+    restarted: Array     # the forward run restarted the history at t_prev
+
+
+class _Replay(NamedTuple):
+    """The discrete map's fixed parts: the residual F and quadrature Q as functions of
+    (flat differentiable args, their non-inexact arrays), the configured linear solver
+    set up through them, and what decides where the forward run evaluated and
+    restarted."""
+
+    config: Any
+    F: Callable
+    Q: Callable
+    solver: Any
+    pst_arrays: Any
+    algebraic: Array
+    breakpoints: Array | None
+    dtype: Any
+    newton_iters: int
+
+
+def _restart(rp: _Replay, carry, t_b, h, p):
+    """The forward run's restart at a breakpoint t_b (`restart_at_breakpoint`): y, y'
+    of the last step's interpolant made consistent at t_b⁺ (`restart_point`), the
+    histories [y, h y'] with h the first step's size."""
+    phi, phiq, control = carry
+    c, d = interpolation_weights(t_b, t_b, control.psi, control.k_used)
+    y, yp = jnp.tensordot(c, phi, 1), jnp.tensordot(d, phi, 1)
+    args = (p, rp.pst_arrays)
+    split = split_at(rp.config.auto_split, rp.F, t_b, y, yp, args, rp.algebraic)
+    y, yp = restart_point(rp.F, rp.solver, split, t_b, y, yp, args)
+
+    def fresh(value, slope):
+        return jnp.zeros((NPHI,) + value.shape, rp.dtype).at[0].set(value).at[1].set(h * slope)
+
+    return fresh(y, yp), fresh(phiq[0], rp.Q(after(t_b), y, yp, p)), _fresh_control(h, rp.dtype)
+
+
+def _replay_step(rp: _Replay, carry, xs: _StepData, p):
+    """One step of the discrete map with (t_n, h_n, k_n) frozen (module docstring):
+    β-scaled history, predictor, the corrector e solved to rounding (derivative by the
+    implicit function theorem, `_corrector`), the quadratures' explicit correction and
+    the history update. Returns the new carry and (φ, φ_Q, ψ, k) for the outputs."""
+    t_new, h, k, valid = xs.t_new, xs.h, xs.k, xs.valid
+    bps = rp.breakpoints
+    if bps is not None:
+        carry = jax.lax.cond(xs.restarted, lambda: _restart(rp, carry, xs.t_prev, h, p),
+                             lambda: carry)
+    # Past the last recorded step the replay computes a dummy step that the `where`
+    # below discards. Its inputs are cut from the gradient, so that a dummy step that
+    # diverges (NaN) cannot poison the gradient through the discarded branch
+    # (0 · NaN = NaN).
+    sg = jax.lax.stop_gradient
+    picked, p = jax.tree_util.tree_map(lambda a: jnp.where(valid, a, sg(a)), (carry, p))
+    phi, phiq, control = picked
+    t_new = jnp.where(valid, t_new, control.h_used * 0)
+    h = jnp.where(valid, h, 1.0)
+    coef = sg(set_coefficients(control.psi, h, k, control.k_used, control.h_used, control.ns,
+                               rp.dtype))
+    phi_s = scale_history(phi, coef.beta, coef.ns, k)
+    phiq_s = scale_history(phiq, coef.beta, coef.ns, k)
+    y_pred, yp_pred = predict(phi_s, coef.gamma, k)
+    # The forward step's evaluation time (`_integrator.evaluation_time`).
+    t_eval = t_new if bps is None else jnp.where(jnp.any(bps == t_new), before(t_new), t_new)
+    e = _corrector(rp.solver, rp.F, t_eval, y_pred, yp_pred, coef.cj, (p, rp.pst_arrays),
+                   rp.newton_iters)
+    y, yp = y_pred + e, yp_pred + coef.cj * e
+    _, ypq_pred = predict(phiq_s, coef.gamma, k)
+    eq = (rp.Q(t_eval, y, yp, p) - ypq_pred) / coef.cj
+    new = (complete_history(phi_s, e, k), complete_history(phiq_s, eq, k),
+           _Control(coef.psi, k, h, coef.ns))
+    new = jax.tree_util.tree_map(lambda x, y_: jnp.where(valid, x, y_), new, carry)
+    return new, (new[0], new[1], new[2].psi, new[2].k_used)
+
+
+def _initial_history(rp: _Replay, t0, y0, yp0, h1, p):
+    """The history before the first step of size h1: φ = [y0, h1 y'0], φ_Q = [0, h1 q]."""
+    dtype = rp.dtype
+    q = rp.Q(t0, y0, yp0, p)
+    phi = jnp.zeros((NPHI,) + y0.shape, dtype).at[0].set(y0).at[1].set(h1 * yp0)
+    phiq = jnp.zeros((NPHI,) + q.shape, dtype).at[1].set(h1 * q)
+    return phi, phiq, _fresh_control(h1, dtype)
+
+
 def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted):
     """VJP of the replayed discrete map, segment by segment from the last, for k
-    cotangent directions. Returns (Tangents with a leading axis k, restricted to
+    cotangent directions; then through the consistent initialization to the inputs
+    (`initial_value_tangents`). Returns (Tangents with a leading axis k, restricted to
     `wanted`, result)."""
     log, cks = rec.log, rec.checkpoints
-    y0c, yp0c = rec.y0, rec.yp0
-    t0, a = inputs.t0, inputs.algebraic
     # Output rows and event roots as point observations, sorted by time.
     ts, yd_bar, qbar, p_events = observations(config, inputs, rec, ct)
     k_dir = yd_bar.shape[0]
     order = yd_bar.shape[2] - 1
-    dtype = y0c.dtype
-    n = y0c.shape[0]
+    dtype = rec.y0.dtype
+    n = rec.y0.shape[0]
     nq = qbar.shape[2]
     N = adjoint.segment
-    solver = config.linear_solver
     pd, pst = eqx.partition(inputs.args, eqx.is_inexact_array)
     p_flat, unravel = ravel_pytree(pd)
 
@@ -150,12 +257,15 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
     def F(t, y, yp, args):
         return config.residual(t, y, yp, full_args(args))
 
-    solver = SetupWithArgs(solver, config.residual, full_args)
-
     def Q(t, y, yp, p):
         if config.quadrature is None:
             return jnp.zeros((0,), dtype)
         return jnp.asarray(config.quadrature(t, y, yp, eqx.combine(unravel(p), pst)), dtype)
+
+    rp = _Replay(config=config, F=F, Q=Q,
+                 solver=SetupWithArgs(config.linear_solver, config.residual, full_args),
+                 pst_arrays=pst_arrays, algebraic=inputs.algebraic,
+                 breakpoints=inputs.breakpoints, dtype=dtype, newton_iters=adjoint.newton_iters)
 
     count = log.count
     # A failed forward run is skipped (its derivatives are reported NaN by the caller).
@@ -174,65 +284,19 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
     # The step whose interval (t_{m−1}, t_m] contains each output (non-differentiable data).
     step_of = jnp.clip(jnp.searchsorted(log.t, ts), 0, jnp.maximum(count - 1, 0))
 
-    def restart(carry, t_b, h, p):
-        """The forward run's restart at a breakpoint t_b (`restart_at_breakpoint`): y, y'
-        of the last step's interpolant made consistent at t_b⁺ (`restart_point`), the
-        histories [y, h y'] with h the first step's size."""
-        phi, phiq, (psi, k_used, _, _) = carry
-        c, d = interpolation_weights(t_b, t_b, psi, k_used)
-        y, yp = jnp.tensordot(c, phi, 1), jnp.tensordot(d, phi, 1)
-        args = (p, pst_arrays)
-        split = split_at(config.auto_split, F, t_b, y, yp, args, a)
-        y, yp = restart_point(F, solver, split, t_b, y, yp, args)
-
-        def fresh(value, slope):
-            return jnp.zeros((NPHI,) + value.shape, dtype).at[0].set(value).at[1].set(h * slope)
-
-        control = (jnp.zeros((NPHI,), dtype).at[0].set(h), jnp.zeros((), jnp.int32),
-                   jnp.zeros((), dtype), jnp.zeros((), jnp.int32))
-        return fresh(y, yp), fresh(phiq[0], Q(after(t_b), y, yp, p)), control
-
-    def one_step(carry, xs, p):
-        t_new, h, k, valid, t_prev, restarted = xs
-        if bps is not None:
-            carry = jax.lax.cond(restarted, lambda: restart(carry, t_prev, h, p), lambda: carry)
-        # Past the last recorded step the replay computes a dummy step that the `where`
-        # below discards. Its inputs are cut from the gradient, so that a dummy step that
-        # diverges (NaN) cannot poison the gradient through the discarded branch
-        # (0 · NaN = NaN).
-        sg = jax.lax.stop_gradient
-        picked, p = jax.tree_util.tree_map(lambda a: jnp.where(valid, a, sg(a)), (carry, p))
-        phi, phiq, control = picked
-        psi, k_used, h_used, ns = control
-        t_new = jnp.where(valid, t_new, h_used * 0)
-        h = jnp.where(valid, h, 1.0)
-        co = jax.lax.stop_gradient(set_coefficients(psi, h, k, k_used, h_used, ns, dtype))
-        phi_s = scale_history(phi, co["beta"], co["ns"], k)
-        phiq_s = scale_history(phiq, co["beta"], co["ns"], k)
-        y_pred, yp_pred = predict(phi_s, co["gamma"], k)
-        # The forward step's evaluation time (`_integrator.evaluation_time`).
-        t_eval = t_new if bps is None else jnp.where(jnp.any(bps == t_new), before(t_new), t_new)
-        e = _corrector(solver, F, t_eval, y_pred, yp_pred, co["cj"], (p, pst_arrays), adjoint.newton_iters)
-        y, yp = y_pred + e, yp_pred + co["cj"] * e
-        _, ypq_pred = predict(phiq_s, co["gamma"], k)
-        eq = (Q(t_eval, y, yp, p) - ypq_pred) / co["cj"]
-        new = (complete_history(phi_s, e, k), complete_history(phiq_s, eq, k),
-               (co["psi"], k, h, co["ns"]))
-        new = jax.tree_util.tree_map(lambda x, y_: jnp.where(valid, x, y_), new, carry)
-        return new, (new[0], new[1], new[2][0], new[2][1])
-
     def segment(c, phi, phiq, control, p):
         """Steps cN … cN+N−1 from (φ, φ_Q) with the step data frozen; returns the end
         history and this segment's contribution to every output row (others zero)."""
         start = c * N
-        idx = start + jnp.arange(N)
-        t_prev = jax.lax.dynamic_slice(prev_t, (start,), (N,))
-        xs = (jax.lax.dynamic_slice(log_t, (start,), (N,)),
-              jax.lax.dynamic_slice(log_h, (start,), (N,)),
-              jax.lax.dynamic_slice(log_k, (start,), (N,)), idx < count, t_prev,
-              jax.lax.dynamic_slice(restarts, (start,), (N,)))
+
+        def window(x):
+            return jax.lax.dynamic_slice(x, (start,), (N,))
+
+        xs = _StepData(t_new=window(log_t), h=window(log_h), k=window(log_k),
+                       valid=start + jnp.arange(N) < count, t_prev=window(prev_t),
+                       restarted=window(restarts))
         (phi, phiq, _), (phis, phiqs, psis, ks) = jax.lax.scan(
-            lambda cr, x: one_step(cr, x, p), (phi, phiq, control), xs)
+            lambda cr, x: _replay_step(rp, cr, x, p), (phi, phiq, control), xs)
         local = jnp.clip(step_of - start, 0, N - 1)
         here = (step_of >= start) & (step_of < start + N)
 
@@ -244,26 +308,14 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
         return phi, phiq, (jnp.where(here[:, None, None], yd, 0.0),
                            jnp.where(here[:, None], qs, 0.0))
 
-    def initial(y0_, yp0_, p):
-        """The history before the first step, with the step size it was taken with."""
-        h1 = log.h[0]
-        phi = jnp.zeros((NPHI, n), dtype).at[0].set(y0_).at[1].set(h1 * yp0_)
-        phiq = jnp.zeros((NPHI, nq), dtype).at[1].set(h1 * Q(t0, y0_, yp0_, p))
-        control = (jnp.zeros((NPHI,), dtype).at[0].set(h1), jnp.zeros((), jnp.int32),
-                   jnp.zeros((), dtype), jnp.zeros((), jnp.int32))
-        return phi, phiq, control
-
-    def start_of(c):
-        ck = jax.tree_util.tree_map(lambda x: x[c], cks.states)
-        return ck.phi, ck.phiq, (ck.psi, ck.k_used, ck.h_used, ck.ns)
-
     def backward_body(carry):
         c, phi_bar, phiq_bar, p_bar = carry
-        phi, phiq, control = start_of(c)
+        ck = jax.tree_util.tree_map(lambda x: x[c], cks.states)
+        start = (ck.phi, ck.phiq, _Control(ck.psi, ck.k_used, ck.h_used, ck.ns))
         # The first segment starts from the initial values (differentiated below).
-        init = initial(y0c, yp0c, p_flat)
+        init = _initial_history(rp, inputs.t0, rec.y0, rec.yp0, log.h[0], p_flat)
         phi, phiq, control = jax.tree_util.tree_map(
-            lambda x, y: jnp.where(c == 0, x, y), init, (phi, phiq, control))
+            lambda x, y: jnp.where(c == 0, x, y), init, start)
         _, vjp = jax.vjp(lambda f, fq, p: segment(c, f, fq, control, p), phi, phiq, p_flat)
         f_bar, fq_bar, pb = jax.vmap(vjp)((phi_bar, phiq_bar, (yd_bar, qbar)))
         return c - 1, f_bar, fq_bar, p_bar + pb
@@ -271,32 +323,37 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
     zero = (n_seg - 1, jnp.zeros((k_dir, NPHI, n), dtype), jnp.zeros((k_dir, NPHI, nq), dtype),
             jnp.zeros((k_dir,) + p_flat.shape, dtype))
     _, phi_bar, phiq_bar, p_bar = jax.lax.while_loop(lambda cr: cr[0] >= 0, backward_body, zero)
+    out = initial_value_tangents(rp, inputs, rec, phi_bar, phiq_bar, p_bar, jnp.sum(qbar, axis=1),
+                                 p_flat, unravel, pd, pst, p_events)
+    return _restrict(out, wanted), RESULTS.successful
 
-    # Through the initial history to the user's y0, yp0 and args (consistent
-    # initialization differentiated by the implicit function theorem).
+
+def initial_value_tangents(rp: _Replay, inputs, rec, phi_bar, phiq_bar, p_bar, w, p_flat,
+                           unravel, pd, pst, p_events) -> Tangents:
+    """From the cotangents on the initial history (φ̄, φ̄_Q) to the user's y0, yp0 and
+    args, through the consistent initialization (differentiated by the implicit
+    function theorem); then the `init` semantics of DESIGN.md §1 — what the
+    initialization recomputes (or, with init=None, what consistency determines) gets
+    zero cotangent — and the tail shared with the continuous adjoint
+    (`reverse_tangents_at_t0`)."""
+    config, t0 = rp.config, inputs.t0
+    y0c, yp0c, h1 = rec.y0, rec.yp0, rec.log.h[0]
+
     def from_inputs(y0_, yp0_, p):
         inp = dataclasses.replace(inputs, y0=y0_, yp0=yp0_, args=eqx.combine(unravel(p), pst))
         y0v, yp0v, _, _ = consistent_values(config, inp)
-        phi, phiq, _ = initial(y0v, yp0v, p)
+        phi, phiq, _ = _initial_history(rp, t0, y0v, yp0v, h1, p)
         return phi, phiq
 
     _, vjp0 = jax.vjp(from_inputs, inputs.y0, inputs.yp0, p_flat)
     ybar0, ypbar0, pb0 = jax.vmap(vjp0)((phi_bar, phiq_bar))
     p_bar = p_bar + pb0
-    # The `init` semantics (`solve`'s docstring): what the initialization recomputes (or, with
-    # init=None, what consistency determines) gets zero cotangent.
-    split = split_at(config.auto_split, config.residual, t0, y0c, yp0c, inputs.args, a)
+    split = split_at(config.auto_split, config.residual, t0, y0c, yp0c, inputs.args,
+                     inputs.algebraic)
     if config.init == "y":
         ybar0 = jnp.zeros_like(ybar0)
     else:
         ybar0 = split.diff_t(ybar0)
         ypbar0 = jnp.zeros_like(ypbar0)
-    # The start time as for the continuous adjoint.
-    t0bar = -(split.diff_t(ybar0) @ yp0c)
-    if config.quadrature is not None:
-        t0bar = t0bar - jnp.sum(qbar, axis=1) @ config.quadrature(t0, y0c, yp0c, inputs.args)
-    args_bar = jax.vmap(unravel)(p_bar)
-    if p_events is not None:
-        args_bar = jax.tree_util.tree_map(jnp.add, args_bar, p_events)
-    out = Tangents(t0=t0bar, y0=ybar0, yp0=ypbar0, args=args_bar)
-    return _restrict(out, wanted), RESULTS.successful
+    return reverse_tangents_at_t0(config, inputs, split, ybar0, y0c, yp0c, w, p_bar, unravel,
+                                  pd, p_events, y0_bar=ybar0, yp0_bar=ypbar0)

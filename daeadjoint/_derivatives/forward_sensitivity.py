@@ -29,7 +29,7 @@ maximum of the state's and every direction's WRMS norm; their weights are
 `sensitivity_atol`).
 """
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -98,6 +98,18 @@ class SensitivityCorrection(eqx.Module):
 CORRECTOR_ITERS = 2
 
 
+class _Iteration(NamedTuple):
+    """`sensitivity_corrector`'s iteration state."""
+
+    ee: Array          # (k, n): the corrections s − s_(0) so far
+    m: Array           # iterations taken
+    oldnrm: Array      # ‖δ‖ of the first (the rate's base)
+    ss: Array          # the convergence-rate factor ssS
+    status: Array      # 0 running, 1 converged, 2 failed
+    nre: Array         # sensitivity residual evaluations
+    lin_stats: dict
+
+
 def sensitivity_corrector(problem, sens: SensitivityProblem, t, y, yp, cj, s_pred, sp_pred,
                           ewt_s, lin_state, cj_old, ss) -> SensitivityCorrection:
     """Staggered corrector for all k directions at the converged state (t, y, y'):
@@ -136,17 +148,17 @@ def sensitivity_corrector(problem, sens: SensitivityProblem, t, y, yp, cj, s_pre
     def norm(v):
         return jnp.max(jax.vmap(wrms)(v, ewt_s))
 
-    def iteration(c):
-        r = sens_residual(c["ee"])
+    def iteration(c: _Iteration) -> _Iteration:
+        r = sens_residual(c.ee)
         delta, stats = jax.vmap(
             lambda rhs, w: solver.solve(lin_state, -rhs, weights=w, operator=operator))(r, ewt_s)
         delta = delta * scale
         delnrm = norm(delta)
-        m = c["m"]
+        m = c.m
         first = m == 0
-        rate = (delnrm / jnp.where(first, 1.0, c["oldnrm"])) ** (1.0 / jnp.maximum(m, 1))
+        rate = (delnrm / jnp.where(first, 1.0, c.oldnrm)) ** (1.0 / jnp.maximum(m, 1))
         diverging = ~first & (rate > RATE_MAX)
-        ss = jnp.where(first, c["ss"], rate / (1.0 - rate))
+        ss = jnp.where(first, c.ss, rate / (1.0 - rate))
         conv = (first & (delnrm <= 1e-4 * TOLDEL)) | (~diverging & (ss * delnrm <= EPS_NEWT))
         bad = ~jnp.all(jnp.isfinite(r)) | ~jnp.isfinite(delnrm)
         # An iterative linear solve that missed its tolerance: as in `newton_solve`.
@@ -156,26 +168,26 @@ def sensitivity_corrector(problem, sens: SensitivityProblem, t, y, yp, cj, s_pre
         status = jnp.where(conv & ~bad, 1, jnp.where(failed, 2, 0)).astype(int_)
         # An iteration after convergence refines e where it contracts and never undoes
         # the convergence; one after a failure changes nothing.
-        done, dead = c["status"] == 1, c["status"] == 2
+        done, dead = c.status == 1, c.status == 2
         keep = dead | (done & (diverging | bad | lin_failed))
-        return dict(ee=jnp.where(keep, c["ee"], c["ee"] + delta), m=m + 1,
-                    oldnrm=jnp.where(first, delnrm, c["oldnrm"]),
-                    ss=jnp.where(keep, c["ss"], ss),
-                    status=jnp.where(done | dead, c["status"], status), nre=c["nre"] + 1,
-                    lin_stats={k: c["lin_stats"][k] + jnp.sum(stats[k], dtype=int_)
-                               for k in c["lin_stats"]})
+        return _Iteration(ee=jnp.where(keep, c.ee, c.ee + delta), m=m + 1,
+                          oldnrm=jnp.where(first, delnrm, c.oldnrm),
+                          ss=jnp.where(keep, c.ss, ss),
+                          status=jnp.where(done | dead, c.status, status), nre=c.nre + 1,
+                          lin_stats={k: c.lin_stats[k] + jnp.sum(stats[k], dtype=int_)
+                                     for k in c.lin_stats})
 
     zero = jnp.zeros((), int_)
-    c = dict(ee=jnp.zeros_like(s_pred), m=zero, oldnrm=jnp.ones((), y.dtype),
-             ss=jnp.asarray(ss, y.dtype), status=zero, nre=zero,
-             lin_stats={k: zero for k in solver.stat_names})
+    c = _Iteration(ee=jnp.zeros_like(s_pred), m=zero, oldnrm=jnp.ones((), y.dtype),
+                   ss=jnp.asarray(ss, y.dtype), status=zero, nre=zero,
+                   lin_stats={k: zero for k in solver.stat_names})
     for _ in range(CORRECTOR_ITERS):
         c = iteration(c)
     if solver.matrix_free:
-        c = jax.lax.while_loop(lambda c: c["status"] == 0, iteration, c)
-    return SensitivityCorrection(ee=c["ee"], converged=c["status"] == 1,
-                                 num_residual_evals=c["nre"], linear_stats=c["lin_stats"],
-                                 ss=c["ss"])
+        c = jax.lax.while_loop(lambda c: c.status == 0, iteration, c)
+    return SensitivityCorrection(ee=c.ee, converged=c.status == 1,
+                                 num_residual_evals=c.nre, linear_stats=c.lin_stats,
+                                 ss=c.ss)
 
 
 def quadrature_sensitivities(problem, sens: SensitivityProblem, t, y, yp, s, sp):

@@ -124,3 +124,27 @@ def _wanted(t: Tangents) -> Tangents:
     """A static marker of which parts of a Tangents are present."""
     return Tangents(**{f: (True if getattr(t, f) is not None else None)
                        for f in ("t0", "y0", "yp0", "args")})
+
+
+def reverse_tangents_at_t0(config, inputs: Inputs, split, state_bar, y0, yp0, w, pbar,
+                           unravel, pd, p_events, *, y0_bar, yp0_bar) -> Tangents:
+    """The tail both reverse passes (`adjoint.py`, `discrete_adjoint.py`) share: from
+    the cotangents at t0, those of every differentiable input, for k directions (rows).
+
+    Moving t0 with the given initial values fixed shifts the trajectory by −δt0 y'(t0)
+    and drops q(t0) δt0 from the quadratures ∫_{t0} q: t̄0 = −(P_d s̄)·y'(t0) − w·q(t0),
+    with s̄ the cotangent on the state at t0 (`state_bar`), P_d its differential part
+    (`split.diff_t`) and w the quadratures' total cotangent. The flat parameter
+    cotangent `pbar` (k, npar) goes back into the args' pytree (`unravel`; zeros shaped
+    like `pd` when nothing is differentiable), plus the events' direct cotangent
+    `p_events`. `y0_bar`, `yp0_bar`: the initial values' cotangents after the `init`
+    semantics (DESIGN §1)."""
+    t0bar = -(split.diff_t(state_bar) @ yp0)
+    if config.quadrature is not None:
+        t0bar = t0bar - w @ config.quadrature(inputs.t0, y0, yp0, inputs.args)
+    k, npar = pbar.shape
+    args_bar = jax.vmap(unravel)(pbar) if npar else jax.tree_util.tree_map(
+        lambda x: jnp.zeros((k,) + x.shape, x.dtype), pd)
+    if p_events is not None:
+        args_bar = jax.tree_util.tree_map(jnp.add, args_bar, p_events)
+    return Tangents(t0=t0bar, y0=y0_bar, yp0=yp0_bar, args=args_bar)

@@ -45,7 +45,7 @@ vectors), so it jit-compiles once and vmaps.
 import abc
 import dataclasses
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -65,6 +65,31 @@ class GMRESResult(eqx.Module):
     residual: Float[Array, ""]      # final ‖b − A x‖₂ (of the scaled, preconditioned system)
 
 
+class _Arnoldi(NamedTuple):
+    """One GMRES cycle's loop carry: the Arnoldi basis, the Hessenberg matrix H̄ and its
+    QR factor R by Givens rotations (cos, sin), and the rotated residual vector g."""
+
+    j: Array          # basis vectors so far − 1
+    stop: Array       # breakdown
+    V: Array          # (maxl + 1, n) the orthonormal basis, by rows
+    Hbar: Array       # (maxl + 1, maxl)
+    R: Array          # (maxl + 1, maxl)
+    cs: Array         # (maxl,) the rotations' cosines and sines
+    sn: Array
+    g: Array          # (maxl + 1,) |g_j| is the residual norm
+
+
+class _Cycle(NamedTuple):
+    """The restart loop's carry."""
+
+    x: Array
+    r: Array          # b − A x (from the Arnoldi relation)
+    res: Array        # ‖r‖₂
+    iters: Array
+    cycles: Array
+    progress: Array   # the last cycle took a step
+
+
 def gmres(matvec: Callable, b: Float[Array, " n"], tol, maxl: int,
           max_restarts: int) -> GMRESResult:
     """Restarted GMRES(maxl) for A x = b from x = 0; stops when ‖b − A x‖₂ ≤ tol, after
@@ -81,17 +106,17 @@ def gmres(matvec: Callable, b: Float[Array, " n"], tol, maxl: int,
     def arnoldi_cycle(r, beta):
         """One cycle from the residual r (norm beta). Returns (y, V, Hbar, |g_j|, j)."""
         V = jnp.zeros((maxl + 1, n), dtype).at[0].set(r / jnp.where(beta > 0, beta, 1.0))
-        init = dict(
+        init = _Arnoldi(
             j=jnp.zeros((), jnp.int32), stop=jnp.zeros((), bool), V=V,
             Hbar=jnp.zeros((maxl + 1, maxl), dtype), R=jnp.zeros((maxl + 1, maxl), dtype),
             cs=jnp.ones((maxl,), dtype), sn=jnp.zeros((maxl,), dtype),
             g=jnp.zeros((maxl + 1,), dtype).at[0].set(beta))
 
-        def cond(c):
-            return (c["j"] < maxl) & ~c["stop"] & (jnp.abs(c["g"][c["j"]]) > tol)
+        def cond(c: _Arnoldi):
+            return (c.j < maxl) & ~c.stop & (jnp.abs(c.g[c.j]) > tol)
 
-        def body(c):
-            j, V = c["j"], c["V"]
+        def body(c: _Arnoldi) -> _Arnoldi:
+            j, V = c.j, c.V
             w = matvec(V[j])
             # CGS2 against v_0..v_j (rows beyond j are zero, masked for clarity).
             mask = rows <= j
@@ -106,7 +131,7 @@ def gmres(matvec: Callable, b: Float[Array, " n"], tol, maxl: int,
             # Apply the previous rotations G_0 … G_{j−1} to the new column.
             def rotate(i, col):
                 a, b_ = col[i], col[i + 1]
-                ci, si = c["cs"][i], c["sn"][i]
+                ci, si = c.cs[i], c.sn[i]
                 new = col.at[i].set(ci * a + si * b_).at[i + 1].set(-si * a + ci * b_)
                 return jnp.where(i < j, new, col)
 
@@ -118,48 +143,48 @@ def gmres(matvec: Callable, b: Float[Array, " n"], tol, maxl: int,
             # with the residual unchanged (a rotation with s = 0 would claim it is 0).
             ok = jnp.isfinite(rho) & (rho > 0)
             safe = jnp.where(ok, rho, 1.0)
-            cj_, sj = a / safe, b_ / safe
+            cos_j, sin_j = a / safe, b_ / safe
             col = col.at[j].set(rho).at[j + 1].set(0.0)
-            g = c["g"]
-            g_new = g.at[j + 1].set(-sj * g[j]).at[j].set(cj_ * g[j])
+            g = c.g
+            g_new = g.at[j + 1].set(-sin_j * g[j]).at[j].set(cos_j * g[j])
             v_next = jnp.where(hn > 0, w / jnp.where(hn > 0, hn, 1.0), 0.0)
 
             def upd(old, new):
                 return jnp.where(ok, new, old)
 
-            return dict(
+            return _Arnoldi(
                 j=jnp.where(ok, j + 1, j), stop=~ok,
                 V=upd(V, V.at[j + 1].set(v_next)),
-                Hbar=upd(c["Hbar"], c["Hbar"].at[:, j].set(hbar_col)),
-                R=upd(c["R"], c["R"].at[:, j].set(col)),
-                cs=upd(c["cs"], c["cs"].at[j].set(cj_)),
-                sn=upd(c["sn"], c["sn"].at[j].set(sj)),
+                Hbar=upd(c.Hbar, c.Hbar.at[:, j].set(hbar_col)),
+                R=upd(c.R, c.R.at[:, j].set(col)),
+                cs=upd(c.cs, c.cs.at[j].set(cos_j)),
+                sn=upd(c.sn, c.sn.at[j].set(sin_j)),
                 g=upd(g, g_new))
 
         out = jax.lax.while_loop(cond, body, init)
-        j = out["j"]
+        j = out.j
         # y = R_j⁻¹ g_j on the leading j×j block (identity elsewhere: y there is 0).
         used = cols < j
-        Rm = jnp.where(used[:, None] & used[None, :], out["R"][:maxl], jnp.eye(maxl, dtype=dtype))
-        y = solve_triangular(Rm, jnp.where(used, out["g"][:maxl], 0.0), lower=False)
-        return y, out["V"], out["Hbar"], jnp.abs(out["g"][j]), j
+        Rm = jnp.where(used[:, None] & used[None, :], out.R[:maxl], jnp.eye(maxl, dtype=dtype))
+        y = solve_triangular(Rm, jnp.where(used, out.g[:maxl], 0.0), lower=False)
+        return y, out.V, out.Hbar, jnp.abs(out.g[j]), j
 
-    def cond(c):
-        return (c["res"] > tol) & (c["cycles"] <= max_restarts) & c["progress"]
+    def cond(c: _Cycle):
+        return (c.res > tol) & (c.cycles <= max_restarts) & c.progress
 
-    def body(c):
-        y, V, Hbar, res, j = arnoldi_cycle(c["r"], c["res"])
-        x = c["x"] + y @ V[:maxl]
-        e1 = jnp.zeros((maxl + 1,), dtype).at[0].set(c["res"])
+    def body(c: _Cycle) -> _Cycle:
+        y, V, Hbar, res, j = arnoldi_cycle(c.r, c.res)
+        x = c.x + y @ V[:maxl]
+        e1 = jnp.zeros((maxl + 1,), dtype).at[0].set(c.res)
         r = (e1 - Hbar @ y) @ V
-        return dict(x=x, r=r, res=res, iters=c["iters"] + j, cycles=c["cycles"] + 1,
-                    progress=j > 0)
+        return _Cycle(x=x, r=r, res=res, iters=c.iters + j, cycles=c.cycles + 1,
+                      progress=j > 0)
 
     beta = jnp.linalg.norm(b)
-    init = dict(x=jnp.zeros_like(b), r=b, res=beta, iters=jnp.zeros((), jnp.int32),
-                cycles=jnp.zeros((), jnp.int32), progress=jnp.isfinite(beta))
+    init = _Cycle(x=jnp.zeros_like(b), r=b, res=beta, iters=jnp.zeros((), jnp.int32),
+                  cycles=jnp.zeros((), jnp.int32), progress=jnp.isfinite(beta))
     out = jax.lax.while_loop(cond, body, init)
-    return GMRESResult(x=out["x"], num_iters=out["iters"], residual=out["res"])
+    return GMRESResult(x=out.x, num_iters=out.iters, residual=out.res)
 
 
 # The setup is redone when cj/cj_old leaves [3/5, 5/3] (IDAS's lsetup policy, see

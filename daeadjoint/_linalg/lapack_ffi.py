@@ -28,6 +28,8 @@ Targets, for dtype in {float32, float64} (`targets(dtype)`):
 
 import ctypes
 import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -83,19 +85,25 @@ def available() -> str | None:
     return None
 
 
-def _compile(char: str):
-    """numba-compile the factor and solve handlers for LAPACK precision `char` ('d', 'f')."""
-    import numba
-    from numba import carray, types
-    from numba.extending import get_cython_function_address, intrinsic
+class _CallFrame(NamedTuple):
+    """numba functions that read XLA's FFI call frame (`xla/ffi/api/c_api.h`), inlined
+    into the handlers: typed views of raw addresses, the metadata query, and the
+    operand and result buffers."""
 
-    prefix = {"d": "d", "f": "s"}[char]
-    real = {"d": types.float64, "f": types.float32}[char]
-    vp = ctypes.c_void_p
-    gbtrf = ctypes.CFUNCTYPE(None, *[vp] * 8)(
-        get_cython_function_address("scipy.linalg.cython_lapack", prefix + "gbtrf"))
-    gbtrs = ctypes.CFUNCTYPE(None, *[vp] * 11)(
-        get_cython_function_address("scipy.linalg.cython_lapack", prefix + "gbtrs"))
+    pointer_to: Callable       # numba type -> intrinsic: int64 address -> typed pointer
+    as_i64: Callable
+    as_i32: Callable
+    answer_metadata: Callable  # frame -> whether the call was XLA's metadata query
+    buffer: Callable           # (frame, _ARGS or _RETS, k) -> (data, rank, dims address)
+    matrix_operands: Callable  # frame -> (params, data, batch, n, w)
+
+
+@functools.cache
+def _call_frame() -> _CallFrame:
+    """Build (once) the call-frame readers shared by every handler and dtype."""
+    import numba
+    from numba import types
+    from numba.extending import intrinsic
 
     def pointer_to(t):
         @intrinsic
@@ -105,7 +113,7 @@ def _compile(char: str):
             return types.CPointer(t)(address), codegen
         return to_pointer
 
-    as_i64, as_i32, as_real = pointer_to(types.int64), pointer_to(types.int32), pointer_to(real)
+    as_i64, as_i32 = pointer_to(types.int64), pointer_to(types.int32)
     jit = numba.njit(inline="always")
 
     @jit
@@ -138,6 +146,38 @@ def _compile(char: str):
         for k in range(rank - 2):
             batch *= dims[k]
         return params, data, batch, dims[rank - 2], dims[rank - 1]
+
+    return _CallFrame(pointer_to=pointer_to, as_i64=as_i64, as_i32=as_i32,
+                      answer_metadata=answer_metadata, buffer=buffer,
+                      matrix_operands=matrix_operands)
+
+
+def _lapack_routines(prefix: str):
+    """scipy's LAPACK `?gbtrf` and `?gbtrs` for precision `prefix` ('d', 's') as ctypes
+    function pointers (every argument by address)."""
+    from numba.extending import get_cython_function_address
+
+    vp = ctypes.c_void_p
+    gbtrf = ctypes.CFUNCTYPE(None, *[vp] * 8)(
+        get_cython_function_address("scipy.linalg.cython_lapack", prefix + "gbtrf"))
+    gbtrs = ctypes.CFUNCTYPE(None, *[vp] * 11)(
+        get_cython_function_address("scipy.linalg.cython_lapack", prefix + "gbtrs"))
+    return gbtrf, gbtrs
+
+
+def _compile(char: str):
+    """numba-compile the factor and solve handlers for LAPACK precision `char` ('d', 'f'):
+    each decodes its call frame (`_call_frame`) and calls LAPACK (`_lapack_routines`)."""
+    import numba
+    from numba import carray, types
+
+    real = {"d": types.float64, "f": types.float32}[char]
+    gbtrf, gbtrs = _lapack_routines({"d": "d", "f": "s"}[char])
+    frame_api = _call_frame()
+    # Locals, not attribute lookups: numba freezes a handler's free variables.
+    answer_metadata, buffer = frame_api.answer_metadata, frame_api.buffer
+    matrix_operands, as_i32 = frame_api.matrix_operands, frame_api.as_i32
+    as_i64, as_real = frame_api.as_i64, frame_api.pointer_to(real)
 
     @numba.cfunc(types.intp(types.intp), nopython=True)
     def factor(frame):
