@@ -117,8 +117,8 @@ def test_tube_rtol_1e8_first_step_rtol():
     and solves to 3.7 digits. Undeclared, the iteration matrix at h = 1e-8 has a pivot
     ratio 8e-15 (the Schur complement of the pressures shrinks like h) and the solve
     stops with `singular_matrix`; with `index2` its index-2 columns are scaled by cj and
-    it starts. Bound 3.5 digits: measured 3.6, 0.1 digit under IDA (the index-2
-    pressures are out of our error test, IDA's run kept them in)."""
+    it starts. Bound 3.5 digits: measured 3.6 (2253 steps), 0.1 digit under IDA's 3.7
+    reported in issue 24 — not yet at IDA's level."""
     sol = _testset_solve(tube, 1e-8, first_step=1e-8)
     assert tube.scd(np.asarray(sol.ys[-1])) >= 3.5
 
