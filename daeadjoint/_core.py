@@ -58,6 +58,8 @@ class Config(eqx.Module):
     auto_split: bool = eqx.field(static=True, default=False)
     # An `algebraic` mask was given: check it (`mask_violation`, `newton_solve`).
     check_algebraic: bool = eqx.field(static=True, default=False)
+    # Index-2 variables were declared (`Inputs.index2`): derivatives are refused.
+    index2: bool = eqx.field(static=True, default=False)
 
 
 class Inputs(eqx.Module):
@@ -83,6 +85,9 @@ class Inputs(eqx.Module):
     min_step: Float[Array, ""] | float = 0.0
     first_step: Float[Array, ""] | float = jnp.nan   # NaN: IDAS's heuristic
     breakpoints: Float[Array, " B"] | None = None     # sorted; None: no breakpoints
+    # Index-2 variables (and, by the same indices, the index-2 constraint equations) of
+    # a Hessenberg index-2 DAE, or None.
+    index2: Bool[Array, " n"] | None = None
 
 
 class Core(eqx.Module):
@@ -145,6 +150,13 @@ def build_problem(config: Config, inputs: Inputs, sens=None, linear_solver=None)
     n = inputs.y0.shape[0]
     dtype = inputs.y0.dtype
     error_mask = jnp.where(inputs.algebraic & config.suppress_algebraic_error, 0.0, 1.0)
+    if inputs.index2 is not None:
+        # Index-2 variables leave the local error test (as DASPK3.0's and IDAS's users
+        # do, IDASetSuppressAlg): errors of algebraic variables on earlier steps do not
+        # propagate, and the estimate of an index-2 variable (fixed through y', one
+        # order lower in h) would only reject good steps. Li & Petzold, DASPKADJOINT
+        # §5: index-1 algebraic variables stay in the test, index-2 ones leave it.
+        error_mask = jnp.where(inputs.index2, 0.0, error_mask)
     return Problem(
         residual=config.residual, quadrature=config.quadrature,
         linear_solver=config.linear_solver if linear_solver is None else linear_solver,
@@ -156,7 +168,8 @@ def build_problem(config: Config, inputs: Inputs, sens=None, linear_solver=None)
         algebraic=None if inputs.breakpoints is None else inputs.algebraic,
         auto_split=config.auto_split,
         max_step=inputs.max_step, min_step=inputs.min_step, max_order=config.max_order,
-        event=config.event, algebraic_probe=algebraic_probe(config, inputs))
+        event=config.event, algebraic_probe=algebraic_probe(config, inputs),
+        index2=inputs.index2)
 
 
 def _probe_weights(n: int, dtype):

@@ -87,6 +87,9 @@ class Problem(eqx.Module):
     # a∘r (algebraic mask times distinct weights): checked at each Jacobian setup to be
     # in the null space of F_y' (`newton_solve`), or None (no algebraic mask given).
     algebraic_probe: Array | None = None
+    # Bool mask of the index-2 variables (`solve(index2=...)`), or None: their columns of
+    # the iteration matrix are scaled by cj (`newton_solve`).
+    index2: Array | None = None
     # Report progress every this many accepted steps (0: off; costs nothing then).
     progress: int = eqx.field(static=True, default=0)
     # Sorted times where the model's inputs are not smooth, or None: steps end exactly
@@ -421,7 +424,7 @@ def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
     newton = newton_solve(problem.residual, problem.args, problem.linear_solver, t_eval,
                           y_pred, yp_pred, cj, ewt, s.lin_state, s.jac_point, cj_old,
                           rate_factor, setup, linear=problem.reset_newton_rate,
-                          mask_probe=problem.algebraic_probe)
+                          mask_probe=problem.algebraic_probe, index2=problem.index2)
     ee = newton.ee
     converged = newton.converged
     constraint_fail = jnp.zeros((), bool)

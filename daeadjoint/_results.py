@@ -42,7 +42,8 @@ class RESULTS(eqx.Enumeration):
     singular_matrix = (
         "singular_matrix: the iteration matrix dF/dy + cj dF/dy' is singular at every step "
         "size tried: the DAE has index > 1, its algebraic equations are inconsistent or do "
-        "not determine the algebraic variables, or its Jacobian is not finite there."
+        "not determine the algebraic variables, or its Jacobian is not finite there. A "
+        "Hessenberg index-2 DAE: declare its index-2 variables with `index2=`."
     )
     nonfinite_residual = (
         "nonfinite_residual: the residual returned NaN or inf at every step size tried, or "

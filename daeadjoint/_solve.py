@@ -23,6 +23,7 @@ from ._derivatives.autodiff import solve_core
 from ._derivatives.discrete_adjoint import DiscreteAdjoint
 from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
+from ._index2 import check_index2_mask, index2_check, project
 from ._initialization import SUCCESS, InitMode, failure_messages, message_index
 from ._linalg.linear_solver import AbstractLinearSolver
 from ._linalg.jacobian import SparsityDetectionError, structurally_algebraic
@@ -234,6 +235,7 @@ def solve(
     *,
     saveat: ArrayLike | None = None,
     algebraic: ArrayLike | None = None,
+    index2: ArrayLike | None = None,
     init: InitMode | None = None,
     quadrature: Callable | None = None,
     rtol: ArrayLike | None = None,
@@ -293,6 +295,22 @@ def solve(
       components of a semi-explicit DAE). A larger DAE whose singular F_y' mixes
       components needs the mask, or its constraints written in the variables they
       determine.
+    - `index2`: bool mask for a Hessenberg index-2 DAE (x' = f(t, x, z), 0 = g(t, x)
+      with g_x f_z nonsingular; see the index-2 page), True where y_i is an index-2
+      variable — and, by the same indices, where equation i is an index-2 constraint
+      (write each constraint at the index of a variable it determines). Index-2
+      variables are algebraic: the mask must be a subset of `algebraic` if that is
+      given, and is `algebraic` when it is not. They leave the local error test, and
+      their columns of the iteration matrix are scaled by cj so that it stays well
+      conditioned as h → 0. `y0`, `yp0` are checked before the solve against each
+      constraint and its hidden constraint (its time derivative, by `jax.jvp`), with an
+      error naming the violated equation. `init="ya_ydp"` (or `yp0=None`) first
+      projects them: y0's differential part the least change (error weights' norm)
+      onto the constraints, then y' of the differential variables and the algebraic
+      variables from the other equations and the hidden constraints (up to 1000
+      unknowns); `init="y"` is refused. Derivatives of such a solve (`grad`,
+      `jacfwd`, ...) are not yet available and raise an error; `breakpoints` are
+      refused too. Default None: index ≤ 1.
     - `init`: None (take y0, yp0 as consistent), `"ya_ydp"` (compute the algebraic part of
       y0 and the differential part of y'0 from the differential part of y0), or `"y"`
       (compute all of y0 from y'0).
@@ -360,6 +378,10 @@ def solve(
     **Returns:** a `Solution` with `ts`, `ys`, `yps`, `qs`, `stats`, `result` (and
     `events` with `event=`).
     """
+    index2_mask = None
+    if index2 is not None:
+        index2_mask, algebraic = check_index2_mask(index2, algebraic, np.shape(y0)[0], init,
+                                                   yp0 is not None, breakpoints)
     # Without a mask the algebraic directions are found from F_y' where needed.
     auto_split = algebraic is None and np.shape(y0)[0] <= AUTO_SPLIT_MAX_N
     check_algebraic = algebraic is not None
@@ -401,6 +423,11 @@ def solve(
     # leaves of args, differentiable and batchable like any other (`_closures.py`).
     residual, quadrature, event, linear_solver, args = lift_closures(
         residual, quadrature, event, linear_solver, y0, args)
+    if index2_mask is not None:
+        if init is not None:   # "ya_ydp" (or yp0=None): project onto the constraints
+            y0, yp0 = project(residual, t0, y0, yp0, args, index2_mask, algebraic, rtol, atol)
+            init = None
+        y0 = index2_check(residual, t0, t1, y0, yp0, args, index2_mask, algebraic, rtol, atol)
     config = Config(
         residual=residual, quadrature=quadrature, linear_solver=linear_solver,
         reverse=sensitivity, forward=forward_sensitivity, init=init,
@@ -409,12 +436,14 @@ def solve(
         max_order=int(max_order), event=event,
         progress=(100 if progress is True else int(progress)),
         auto_split=auto_split,
-        dense=(2 if dense else (1 if steps else 0)), check_algebraic=check_algebraic)
+        dense=(2 if dense else (1 if steps else 0)), check_algebraic=check_algebraic,
+        index2=index2_mask is not None)
     inputs = Inputs(t0=t0, t1=t1, y0=y0, yp0=yp0, args=args, saveat=saveat,
                     breakpoints=_check_breakpoints(breakpoints, dtype),
                     algebraic=algebraic, rtol=rtol, atol=atol, quad_rtol=quad_rtol,
                     quad_atol=quad_atol, tstop=tstop, constraints=constraints,
-                    max_step=max_step, min_step=min_step, first_step=first_step)
+                    max_step=max_step, min_step=min_step, first_step=first_step,
+                    index2=None if index2_mask is None else jnp.asarray(index2_mask))
     sol, init_info = _solve_compiled(config, inputs)
     if throw:
         sol = _raise_on_failure(sol, init_info, config, inputs)

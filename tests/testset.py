@@ -80,6 +80,8 @@ class Problem:
       (differentiable in p); `y0`, `yp0` are those at the nominal p.
     - `algebraic`: the mask of components absent from y' (None: every component
       enters through y', as in a non-diagonal singular mass matrix).
+    - `index2`: the mask of the index-2 variables, which is also the mask of the
+      index-2 constraint equations (`solve(index2=...)`); None for index ≤ 1.
     - `yref`: the Test Set's reference solution at `t1` (None for index-2 problems whose
       solution the solver cannot reproduce is still given).
     - `scored`: 0-based components the Test Set's `scd` uses (None: all).
@@ -103,6 +105,7 @@ class Problem:
     yref: np.ndarray | None
     index: int
     algebraic: np.ndarray | None = None
+    index2: np.ndarray | None = None
     scored: np.ndarray | None = None
     breakpoints: tuple = ()
     rtol: float = 1e-6
@@ -995,13 +998,14 @@ GRADIENT_CASES = {
 }
 
 
-# ------------------------------------------------------------ index 2: definitions only
-# The solver integrates index ≤ 1; these are here with their reference solutions for
-# when it does not. Not used by the tests' solves.
+# ------------------------------------------------------------ index 2
+# Hessenberg index 2: solved with `index2=` (tests/test_index2.py).
 
 # Water tube system: index-2 DAE, n = 49, t ∈ [0, 17·3600] s: the flows φ (18 tubes),
 # friction factors λ (18) and pressures p (13 nodes) of a water network with two
-# buffers (nodes 5 and 8), turbulent or laminar flow in each tube.
+# buffers (nodes 5 and 8), turbulent or laminar flow in each tube. The 11 pressures of
+# the nodes without a buffer are index 2: the flow balances at those nodes (equations
+# 38–48) depend on the flows only, and fix the pressures through their time derivative.
 TUBE_P = dict(nu=1.31e-6, g=9.8, rho=1.0e3, rcrit=2.3e3, length=1.0e3, k=2.0e-4, d=1.0,
               b=2.0e2)
 # (from, to) nodes of the 18 tubes, in the order of y1..y18 (flows) and y19..y36 (λ)
@@ -1076,13 +1080,15 @@ def tube_initial(p):
 tube = Problem(
     name="tube", residual=tube_residual, p=TUBE_P, initial=tube_initial, t0=0.0,
     t1=17.0 * 3600.0, yref=TUBE_YREF, index=2,
-    algebraic=np.array([False] * 18 + [True] * 18 + [False] * 2 + [True] * 11))
+    algebraic=np.array([False] * 18 + [True] * 18 + [False] * 2 + [True] * 11),
+    index2=np.array([False] * 38 + [True] * 11))
 
 
 # Fekete problem: index-2 DAE (stabilized formulation), n = 160, t ∈ [0, 1000]: 20
 # points on the unit sphere moving to the positions of maximal product of mutual
 # distances; y = (positions (60), velocities (60), λ (20), μ (20)). Only the positions
-# are scored.
+# are scored. λ and μ are index 2, fixed by the hidden constraints of the sphere and
+# tangency constraints (equations 120–159).
 FEKETE_P = dict(alpha=0.5)
 
 # The Test Set's reference y(1000) (RADAU5 at 1e-12).
@@ -1176,6 +1182,6 @@ def fekete_initial(p):
 fekete = Problem(
     name="fekete", residual=fekete_residual, p=FEKETE_P, initial=fekete_initial, t0=0.0,
     t1=1000.0, yref=FEKETE_YREF, index=2, scored=np.arange(60),
-    algebraic=np.array([False] * 120 + [True] * 40))
+    algebraic=np.array([False] * 120 + [True] * 40), index2=np.array([False] * 120 + [True] * 40))
 
 INDEX2_PROBLEMS = {pr.name: pr for pr in (tube, fekete)}

@@ -92,6 +92,12 @@ def _core_function(static, record: bool):
                 "options (e.g. Adjoint(rtol=..., atol=...)): wrap them in "
                 "jax.lax.stop_gradient.")
         t = input_tangents(inputs, inputs_dot)
+        if config.index2 and t is not None:
+            raise ValueError(
+                "daeadjoint: derivatives (grad, jacrev, jvp, jacfwd, ...) of a solve with "
+                "`index2=` are not yet supported: the index-2 adjoint and sensitivity "
+                "equations are not implemented. Differentiate with respect to t1/saveat "
+                "only, or wrap the inputs in jax.lax.stop_gradient.")
         if not record and not config.dense and t is not None and not being_linearized(t):
             # Pure forward mode (jvp, jacfwd): the state and its sensitivities in one run.
             out, dots = filter_primitive_bind(primal_tangent_p, config, inputs, t, None)
