@@ -124,7 +124,7 @@ def test_non_terminal_roots_are_recorded():
     """x1 = sin t (oscillator) crosses zero downward at π, 3π and upward at 2π: a
     non-terminal event records the first `max_roots` crossings of the chosen direction
     exactly (to 100·rtol) and the solve reaches t1."""
-    from problems import oscillator
+    from .problems import oscillator
     ev = dae.Event(lambda t, y, yp, c: y[0], terminal=False, direction=-1, max_roots=3)
     sol = dae.solve(oscillator, 0.0, 12.0, jnp.array([0.0, 1.0]), jnp.array([1.0, 0.0]),
                     jnp.array([1.0]), event=ev, rtol=RTOL, atol=RTOL)

@@ -83,7 +83,7 @@ def test_robertson_with_a_differential_component_marked_algebraic():
     """Robertson with y1 marked algebraic used to succeed on another trajectory; the
     error names y1 (column 0), and the correct mask still solves it (IDAS's y1(40) =
     0.7158, 4 digits)."""
-    from problems import ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
+    from .problems import ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0, robertson
     with pytest.raises(Exception, match="its column 0 is not zero"):
         dae.solve(robertson, 0.0, 40.0, ROBERTSON_Y0, ROBERTSON_YP0, ROBERTSON_P,
                   algebraic=jnp.array([True, False, True]))
