@@ -600,13 +600,13 @@ def phase_timings(case: Case, n_iter: int, repeats: int) -> dict:
 
     def predictor(s):
         co = coefficients(s)
-        hist = _bdf.scale_history(s.phi, co["beta"], co["ns"], s.k)
-        return _bdf.predict(hist, co["gamma"], s.k), hist, co
+        hist = _bdf.scale_history(s.phi, co.beta, co.ns, s.k)
+        return _bdf.predict(hist, co.gamma, s.k), hist, co
 
     def newton_inputs(s):
         (y, yp), hist, co = predictor(s)
         ewt = _bdf.error_weights(s.phi[0], problem.rtol, problem.atol)
-        return y, yp, co["cj"], ewt, hist, co
+        return y, yp, co.cj, ewt, hist, co
 
     def newton(s, setup=False):
         y, yp, cj, ewt, _, _ = newton_inputs(s)
@@ -622,7 +622,7 @@ def phase_timings(case: Case, n_iter: int, repeats: int) -> dict:
         d2 = d1 + _bdf.history_row(hist, k - 1)
         e += [_bdf.wrms(d1, ewt), _bdf.wrms(d2, ewt),
               _bdf.wrms(ee - _bdf.history_row(hist, k + 1), ewt)]
-        return jnp.stack(e) * co["sigma"][jnp.clip(k, 0, 5)]
+        return jnp.stack(e) * co.sigma[jnp.clip(k, 0, 5)]
 
     def history(s):
         y, _, _, _, hist, _ = newton_inputs(s)
