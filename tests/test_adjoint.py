@@ -479,3 +479,30 @@ def test_discrete_adjoint_recomputing_steps(monkeypatch):
     recomputed = grad()
     np.testing.assert_allclose(recomputed, kept, rtol=1e-12, atol=0)
     assert abs(recomputed[0] - 2 / np.e) <= 100 * 1e-9 and recomputed[1] == 0.0
+
+
+def test_fallback_whose_rerun_fails_reports_the_failure(monkeypatch):
+    """The fallback re-runs the forward solve to record its steps; if that re-run fails
+    (a delicate problem whose run does not repeat to the last bit), the discrete adjoint
+    has no steps to replay and its cotangents are zero: they must be reported as the
+    failure (warning "failed too", NaN; an error without the fallback's help), never as
+    a zero gradient. The re-run is forced to fail here by a `max_steps` of 2."""
+    import dataclasses
+
+    from daeadjoint._derivatives import adjoint as adjoint_module
+
+    real = adjoint_module.run_forward
+
+    def failing_rerun(cfg, inputs, record=False):
+        return real(dataclasses.replace(cfg, max_steps=2), inputs, record=record)
+
+    monkeypatch.setattr(adjoint_module, "run_forward", failing_rerun)
+
+    def f(k):
+        return dae.solve(lambda t, y, yp, a: yp + a * y, 0.0, 1.0, jnp.ones(1), args=k,
+                         rtol=1e-8, atol=1e-8, sensitivity=dae.Adjoint(max_steps=3),
+                         throw=False).ys[-1, 0]
+
+    with pytest.warns(RuntimeWarning, match="failed too"):
+        g = jax.grad(f)(0.7)
+    assert np.isnan(float(g))

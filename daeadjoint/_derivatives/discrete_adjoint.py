@@ -346,7 +346,12 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
     _, phi_bar, phiq_bar, p_bar = jax.lax.while_loop(lambda cr: cr[0] >= 0, backward_body, zero)
     out = initial_value_tangents(rp, inputs, rec, phi_bar, phiq_bar, p_bar, jnp.sum(qbar, axis=1),
                                  p_flat, unravel, pd, pst, p_events)
-    return _restrict(out, wanted), RESULTS.successful
+    # A failed forward record has no steps to replay (n_seg = 0 above): its zero
+    # cotangents must not pass as a gradient. The plain solve's failure is flagged by the
+    # caller from the primal result; the re-run of `Adjoint`'s fallback is not the
+    # primal, so the failure is reported here.
+    return _restrict(out, wanted), RESULTS.where(succeeded(rec.result), RESULTS.successful,
+                                                 RESULTS.adjoint_failed)
 
 
 def initial_value_tangents(rp: _Replay, inputs, rec, phi_bar, phiq_bar, p_bar, w, p_flat,
