@@ -13,9 +13,11 @@ the tolerance's number of digits minus one (the global error of a local error co
 a few tolerance units).
 
 The default run takes ~1–2 minutes, nearly all of it compiling; the two-bit adder
-(minutes of compilation for its 350 unknowns), the NAND gate's gradients and the
+(about a minute of compilation per program for its 350 unknowns), the NAND gate's gradients and the
 recomputation of the stored central differences are `slow`.
 """
+
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -232,7 +234,7 @@ def test_akzo(forward, rtol, min_scd, min_mescd):
     (1e-6, 4.8, 3.7),
 ])
 def test_twobit(forward, rtol, min_scd, min_mescd):
-    """About 4 minutes of compilation (the 350-unknown residual), then 5–20 s a solve."""
+    """About a minute of compilation (the 350-unknown residual), then 5–20 s a solve."""
     y, _ = forward(twobit, twobit.t1, rtol)
     assert twobit.scd(y) >= min_scd
     assert twobit.mescd(y, rtol, rtol) >= min_mescd
@@ -351,6 +353,43 @@ def test_nand_gradient_on_kink(gradient, method):
     """∂y10(10)/∂(CGS, CBD, C9) with t1 on a kink of the input, rtol 1e-8: the continuous
     adjoint returned NaN here with its default checkpoints."""
     _check("nand_kink", method, 1e-8, gradient("nand_kink", method, 1e-8))
+
+
+# The two-bit adder's charges g(U) see some voltages only through differences: with the
+# Test Set's CLOAD = 0, a coupling node and the bulk nodes of its two junctions float
+# (no capacitance to ground), and g_U has rank 162 of 175 at U0 (13 such clusters, e.g.
+# nodes 164, 166, 170). The semi-explicit form q' = f(U), 0 = g(U) − q is then not index
+# 1 in U along those 13 directions. Measured: the continuous adjoint's first backward
+# step reports `nonfinite_residual` (t1 = 18: h = 6.3e-10, no step taken), so the
+# fallback to the discrete adjoint computes the gradient; `jax.jacfwd` returns NaN with
+# no error raised. Both start from consistent values that solve with the algebraic
+# block g_U (the adjoint's final condition, the initial sensitivities). With a small
+# load capacitance to ground (CLOAD = 1e-4, g_U of full rank) both succeed (the
+# continuous adjoint without the fallback) and are within 2e-5 of these differences
+# (which are for CLOAD = 0).
+_G_U_SINGULAR = "g_U of the two-bit adder has rank 162/175 (floating nodes, CLOAD = 0)"
+_TWOBIT_METHODS = [
+    pytest.param("adjoint", marks=pytest.mark.xfail(strict=True, reason=(
+        f"{_G_U_SINGULAR}: the continuous adjoint fails on its first step "
+        "(nonfinite_residual) and falls back to the discrete adjoint"))),
+    pytest.param("jacfwd", marks=pytest.mark.xfail(strict=True, reason=(
+        f"{_G_U_SINGULAR}: forward sensitivities are NaN, with no error raised"))),
+    "discrete"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", _TWOBIT_METHODS)
+def test_twobit_gradient(gradient, method):
+    """∂U5(4)/∂(BETA_dep, BETA_enh, VT0_enh), the first NOR gate's output in the two-bit
+    adder (n = 350), at rtol 1e-6. The continuous adjoint must succeed by itself: its
+    fallback to the discrete adjoint (a warning) counts as a failure here. Compilation
+    ~1–2 minutes per method; the solves take seconds."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g = gradient("twobit", method, 1e-6)
+    fallback = [w for w in caught if "continuous adjoint failed" in str(w.message)]
+    assert not fallback, fallback[0].message
+    _check("twobit", method, 1e-6, g)
 
 
 @pytest.mark.slow
