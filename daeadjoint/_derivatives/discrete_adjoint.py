@@ -350,8 +350,9 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
     # cotangents must not pass as a gradient. The plain solve's failure is flagged by the
     # caller from the primal result; the re-run of `Adjoint`'s fallback is not the
     # primal, so the failure is reported here.
-    return _restrict(out, wanted), RESULTS.where(succeeded(rec.result), RESULTS.successful,
-                                                 RESULTS.adjoint_failed)
+    ok, failed = RESULTS.successful, RESULTS.adjoint_failed
+    # mypy types Enumeration members as str (pyproject.toml's baseline: RESULTS).
+    return _restrict(out, wanted), RESULTS.where(succeeded(rec.result), ok, failed)  # type: ignore[arg-type]
 
 
 def initial_value_tangents(rp: _Replay, inputs, rec, phi_bar, phiq_bar, p_bar, w, p_flat,
