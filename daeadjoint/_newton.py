@@ -107,6 +107,8 @@ class _Iteration(NamedTuple):
     lin_stats: dict
 
 
+# Kept whole: the iteration body, its convergence test and the redo after a failure with
+# an old Jacobian share the loop carry; its length is mostly that body (IDAS IDANls).
 def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
                  lin_state, jac_point, cj_old, ss, force_setup, linear: bool = False,
                  mask_probe=None, index2=None) -> NewtonResult:

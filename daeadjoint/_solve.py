@@ -225,6 +225,8 @@ def _structural_algebraic(residual, t0, y0, yp0, args, default):
     return jnp.asarray(mask) if mask.any() else default
 
 
+# Long mostly by its docstring (the reference of every argument, ~150 lines); the body
+# is the short sequence check → configure → compile → raise.
 def solve(
     residual: Callable,
     t0: ArrayLike,

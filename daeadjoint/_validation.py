@@ -130,6 +130,8 @@ def _snap_saveat(saveat, t0, t1):
     return jnp.where(near0, t0, jnp.where(near1, t1, saveat))
 
 
+# Long but flat: one independent check after another, in the order of `solve`'s
+# arguments, each raising its own message; splitting it would only spread that list.
 def _check_inputs(residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quadrature,
                   rtol, atol, tstop, max_steps):
     """Every check that can be made before tracing, each with a message naming the
