@@ -232,12 +232,7 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         nni=zero,
         lin_stats={k: zero for k in linear_solver.stat_names},
     )
-    # The first iteration runs straight-line, outside the loop: most steps converge in
-    # it, and an iteration in a `while_loop` costs several times its work in loop control
-    # and carry copies on XLA CPU (`benchmarks/profile_step.py`). The loop then runs only
-    # the iterations after the first (under `vmap`: while any member needs one), with the
-    # same body, so the iterates, tests and counters are those of the plain loop.
-    out = jax.lax.while_loop(cond, body, body(init))
+    out = jax.lax.while_loop(cond, body, init)
     return NewtonResult(
         ee=out.ee, converged=out.status == 1, fail_kind=out.fail_kind,
         lin_state=out.lin, jac_point=out.jac_point, cj_old=out.cj_old, ss=out.ss,
