@@ -1,5 +1,7 @@
 """Status codes of a solve (`sol.result`)."""
 
+import os
+
 import equinox as eqx
 
 
@@ -126,6 +128,14 @@ class RESULTS(eqx.Enumeration):
         "algebraic components (sol.yps[:, algebraic]) or third-order derivatives through "
         "saveat; use sensitivity=DiscreteAdjoint() or forward mode (jax.jacfwd)."
     )
+
+
+def runtime_errors_raise() -> bool:
+    """Whether compiled programs raise at run time (`EQX_ON_ERROR=raise`, equinox's
+    default): the errors of `throw=True` and the fallback's warning are then host
+    callbacks. With `EQX_ON_ERROR=nan` (or `off`) no program holds a host callback, which
+    is what JAX's persistent compilation cache requires to store it."""
+    return os.environ.get("EQX_ON_ERROR", "raise") == "raise"
 
 
 def succeeded(result):

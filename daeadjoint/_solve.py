@@ -4,7 +4,6 @@ times."""
 
 import dataclasses
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +27,7 @@ from ._initialization import SUCCESS, InitMode, failure_messages, message_index
 from ._linalg.linear_solver import AbstractLinearSolver
 from ._linalg.jacobian import SparsityDetectionError, structurally_algebraic
 from ._linalg.sparse import default_linear_solver
-from ._results import RESULTS, succeeded
+from ._results import RESULTS, runtime_errors_raise, succeeded
 from ._solution import EventRoots, Solution
 from ._validation import (_check_breakpoints, _check_event, _check_inputs, _check_linear_solver,
                           _check_sensitivity, _check_step_options, _concrete, _snap_saveat)
@@ -197,7 +196,7 @@ def _raise_on_failure(sol, init_info, config, inputs):
     compiled program raises at run time)."""
     failed, index, msgs = _failure_message(sol, init_info, config, inputs)
     cf, ci = _concrete(failed), _concrete(index)
-    if cf is not None and ci is not None and os.environ.get("EQX_ON_ERROR", "raise") == "raise":
+    if cf is not None and ci is not None and runtime_errors_raise():
         if np.any(cf):
             first = int(np.broadcast_to(ci, np.shape(cf))[cf].reshape(-1)[0])
             message = msgs[first]

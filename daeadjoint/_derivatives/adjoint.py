@@ -65,7 +65,7 @@ from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder
                            restore_linear_state, segment_capacity)
 from .._linalg.linear_solver import AbstractLinearSolver
 from .._newton import maybe_update, tree_where
-from .._results import RESULTS, succeeded
+from .._results import RESULTS, runtime_errors_raise, succeeded
 from .discrete_adjoint import DiscreteAdjoint
 from .reverse import AbstractAdjoint
 from .tangents import _restrict, reverse_tangents_at_t0
@@ -148,7 +148,8 @@ def discrete_fallback(adjoint: Adjoint, config, inputs, rec, ct, wanted, out, re
             config, reverse=DiscreteAdjoint(segment=adjoint.checkpoint_every), dense=0)
         _, rec_d = run_forward(cfg, inputs, record=True)
         out_d, result_d = cfg.reverse.backward(cfg, inputs, rec_d, ct, wanted)
-        jax.debug.callback(_warn_fallback, result_d == RESULTS.successful)
+        if runtime_errors_raise():    # a host callback: not under EQX_ON_ERROR=nan
+            jax.debug.callback(_warn_fallback, result_d == RESULTS.successful)
         return (tree_where(failed, out_d, out), RESULTS.where(failed, result_d, result))
 
     return jax.lax.cond(unvmap_any(failed), discrete, lambda: (out, result))
