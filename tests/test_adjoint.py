@@ -237,6 +237,12 @@ def test_index1_gradient_matches_finite_differences():
     np.testing.assert_allclose(grad, fd, rtol=0, atol=1e-6 * np.max(np.abs(fd)))
 
 
+# Slow (~50 s of compilation; the default suite's budget): jit(vmap(grad)) through the
+# continuous adjoint, members taking their own steps, stays checked by default against
+# exact derivatives in test_closures.py::test_jit_vmap_grad_of_a_closure_gives_every_member_its_gradient
+# and test_events.py::test_vmap_members_with_different_events_and_none (and with a failed
+# member in test_failed_batch_member_gets_nan_derivatives).
+@pytest.mark.slow
 def test_batched_gradients_under_vmap():
     """jax.vmap of jax.grad equals per-member gradients, to 20 tolerance units (members
     take their own steps; see the forward vmap test for why not bitwise)."""
@@ -353,11 +359,12 @@ def _chain_loss(p, interpolation):
     return jnp.sum(rows[:, [0, 5, 11]]) + sol.event_ts[0]
 
 
-@pytest.mark.parametrize("interpolation", [
-    "hermite",
-    # The default suite's budget: bdf (not the default interpolation; its ring also
-    # stores the BDF history) runs with --runslow.
-    pytest.param("bdf", marks=pytest.mark.slow)])
+# Slow (~55 s: two traces and compilations of the gradient; the default suite's budget).
+# The kept segment is what every continuous adjoint of n ≥ 11 unknowns uses; by default it
+# stays checked against an exact derivative in test_singular_mass_matrix.py (n = 201,
+# `test_large_semi_explicit_dae_without_a_mask_continuous_adjoint`, no fallback).
+@pytest.mark.slow
+@pytest.mark.parametrize("interpolation", ["hermite", "bdf"])
 def test_kept_last_segment_equals_its_replay(interpolation, monkeypatch):
     """The forward run keeps its last checkpoint segment for the backward pass instead
     of having it replayed; the replay repeats the original steps bit for bit, so the

@@ -83,6 +83,11 @@ SENSITIVITIES = {
 }
 
 
+# Slow (~10-25 s of compilation per mode; the default suite's budget): each mode's
+# derivative through the breakpoint restarts stays checked by default in
+# `test_algebraic_jumps_at_breakpoints_without_a_mask`, the same three modes through the
+# same restarts, with the algebraic jump on top.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SENSITIVITIES))
 def test_decay_gradient_through_breakpoints(name):
     def f(a, **kw):

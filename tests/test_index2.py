@@ -228,7 +228,19 @@ def test_index3_declared_as_index2_raises():
         dae.solve(pendulum3, 0.0, 3.0, y0, yp0, (L, G), index2=PENDULUM_INDEX2)
 
 
-def test_other_linear_solvers_and_vmap():
+def _linear_jac(t, y, yp, cj, a):
+    return (jax.jacfwd(lambda v: linear(t, v, yp, a))(y)
+            + cj * jax.jacfwd(lambda v: linear(t, y, v, a))(yp))
+
+
+# Each solver is its own compiled program (~7 s of compilation each): the default suite
+# keeps SparseLU (the scaling applied through a solver other than the default DenseLU)
+# and the batched solve; the solvers whose J does not come from the residual (a user
+# `jac`, GMRES), where the scaling is skipped, run with --runslow.
+@pytest.mark.parametrize("solver", [
+    "sparse", "vmap", pytest.param("user-jac", marks=pytest.mark.slow),
+    pytest.param("krylov", marks=pytest.mark.slow)])
+def test_other_linear_solvers_and_vmap(solver):
     """The column scaling goes through any solver that builds J from the residual
     (SparseLU), is skipped where J comes from elsewhere (a user `jac`, GMRES), and the
     solve batches: each within the bounds of the module docstring of the exact
@@ -242,13 +254,14 @@ def test_other_linear_solvers_and_vmap():
         err = np.abs(np.asarray(ys) - exact)
         assert np.max(err[..., :2]) <= 100 * rtol and np.max(err[..., 2]) <= 1000 * rtol, err
 
-    jac = jax.jit(lambda t, y, yp, cj, a: jax.jacfwd(lambda v: linear(t, v, yp, a))(y)
-                  + cj * jax.jacfwd(lambda v: linear(t, y, v, a))(yp))
-    for ls in (dae.SparseLU(), dae.DenseLU(jac=jac), dae.Krylov()):
-        check(dae.solve(linear, 0.0, 5.0, y0, yp0, index2=LINEAR_INDEX2, rtol=rtol, atol=rtol,
-                        linear_solver=ls).ys[-1])
-    check(jax.vmap(lambda y0_: dae.solve(linear, 0.0, 5.0, y0_, yp0, index2=LINEAR_INDEX2,
-                                         rtol=rtol, atol=rtol).ys[-1])(jnp.stack([y0, y0])))
+    if solver == "vmap":
+        check(jax.vmap(lambda y0_: dae.solve(linear, 0.0, 5.0, y0_, yp0, index2=LINEAR_INDEX2,
+                                             rtol=rtol, atol=rtol).ys[-1])(jnp.stack([y0, y0])))
+        return
+    ls = {"sparse": dae.SparseLU, "user-jac": lambda: dae.DenseLU(jac=jax.jit(_linear_jac)),
+          "krylov": dae.Krylov}[solver]()
+    check(dae.solve(linear, 0.0, 5.0, y0, yp0, index2=LINEAR_INDEX2, rtol=rtol, atol=rtol,
+                    linear_solver=ls).ys[-1])
 
 
 def test_projection_linear():

@@ -101,15 +101,23 @@ def test_parameter_gradient_with_fixed_initial_values():
     np.testing.assert_allclose(g_fwd, EXACT_DP, rtol=0, atol=BOUND)
 
 
-@pytest.mark.parametrize("init", [None, "ya_ydp"])
-def test_initial_value_gradient_is_along_the_differential_direction(init):
+# Each (init, mode) pair is its own compiled program (~15-20 s of compilation). The
+# default suite runs one mode per start: the adjoint through the initialization
+# ("ya_ydp", y0 projected onto the constraint) and forward sensitivities from given
+# consistent values (their initial sensitivity projected by `Split`); the other two pairs
+# run with --runslow. Both modes with yp0 given stay checked by default in
+# `test_parameter_gradient_with_fixed_initial_values`.
+@pytest.mark.parametrize("init, mode", [
+    pytest.param(None, "adjoint", marks=pytest.mark.slow), (None, "forward"),
+    ("ya_ydp", "adjoint"), pytest.param("ya_ydp", "forward", marks=pytest.mark.slow)])
+def test_initial_value_gradient_is_along_the_differential_direction(init, mode):
     """dL/dy0 = dL/dv0 · (1, −1), by adjoint and forward mode."""
     y0, yp0 = consistent(P, V0)
     kw = dict(yp0=None) if init == "ya_ydp" else dict(yp0=yp0)
     f = lambda y: y2_end(P, y, **kw)  # noqa: E731
     expected = EXACT_DV0 * np.array([1.0, -1.0])
-    np.testing.assert_allclose(jax.grad(f)(y0), expected, rtol=0, atol=BOUND)
-    np.testing.assert_allclose(jax.jacfwd(f)(y0), expected, rtol=0, atol=BOUND)
+    derivative = jax.grad if mode == "adjoint" else jax.jacfwd
+    np.testing.assert_allclose(derivative(f)(y0), expected, rtol=0, atol=BOUND)
 
 
 # ------------------------------------------- a large semi-explicit DAE without a mask
