@@ -116,7 +116,11 @@ class RESULTS(eqx.Enumeration):
     singular_initial_sensitivity = (
         "singular_initial_sensitivity: consistent initial sensitivities need the matrix "
         "F_y diag(a) + F_y' diag(1 - a) (a: the algebraic mask) to be nonsingular; it is "
-        "singular, so the DAE is not index 1 in the variables marked `algebraic`."
+        "singular, so the DAE is not index 1 in the variables marked `algebraic` (with "
+        "no mask: the algebraic block, along ker F_y', is rank-deficient — e.g. circuit "
+        "nodes with no capacitance to ground, whose voltages the charges see only through "
+        "differences). Forward sensitivities and the continuous adjoint need index 1; "
+        "sensitivity=DiscreteAdjoint() differentiates the computed solution without it."
     )
     adjoint_failed = (
         "adjoint_failed: the backward (adjoint) integration failed; try looser adjoint "

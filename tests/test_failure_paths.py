@@ -119,3 +119,51 @@ def test_impossible_tolerance_at_runtime():
                                       -jnp.ones(1), rtol=tol, atol=tol, throw=False))
     assert f(1e-20).result == dae.RESULTS.tolerance_too_small
     assert f(1e-8).result == dae.RESULTS.successful
+
+
+# ------------------------------------- derivatives of a DAE that is not index 1 (issue 20)
+#
+# x' = z, 0 = x − p t: the algebraic block F_z = 0 is singular (z is an index-2 variable,
+# fixed only by the hidden constraint x' = p). The forward solve succeeds (BDF is exact
+# on this linear problem: x = p t, z = p), but consistent initial sensitivities and the
+# continuous adjoint's consistent values need index 1. The two-bit adder of the Test
+# Set meets this through 13 floating nodes (tests/test_testset.py, slow).
+
+def _index2_residual(t, y, yp, p):
+    return jnp.stack([yp[0] - y[1], y[0] - p * t])
+
+
+def _index2_output(p, sensitivity=None, throw=True):
+    sol = dae.solve(_index2_residual, 0.0, 1.0, jnp.array([0.0, p]), jnp.array([p, 0.0]),
+                    args=p, sensitivity=sensitivity, throw=throw)
+    return sol.ys[-1] @ jnp.array([1.0, 1.0])      # x(1) + z(1) = 2p
+
+
+_index2_jacfwd = jax.jit(jax.jacfwd(_index2_output))
+_index2_grad = jax.jit(jax.grad(_index2_output))
+_index2_grad_strict = jax.jit(jax.grad(
+    lambda p: _index2_output(p, dae.Adjoint(fallback=False))))
+
+
+def test_jacfwd_singular_algebraic_block_raises_under_jit():
+    """Under jit, `jax.jacfwd` discards the primal (and its error check): the tangents
+    must report the run's failure themselves, not come back NaN."""
+    with pytest.raises(Exception, match="singular_initial_sensitivity"):
+        _index2_jacfwd(2.0)
+    sol = dae.solve(_index2_residual, 0.0, 1.0, jnp.array([0.0, 2.0]), jnp.array([2.0, 0.0]),
+                    args=2.0, throw=False)
+    assert sol.result == dae.RESULTS.successful      # the forward solve itself is fine
+    assert "no capacitance to ground" in str(dae.RESULTS.singular_initial_sensitivity)
+
+
+def test_continuous_adjoint_singular_algebraic_block_reported():
+    """The continuous adjoint stops at its first restart (M singular) instead of
+    integrating from non-finite values; the fallback's warning says why, and the
+    discrete adjoint's gradient is the exact d(x + z)/dp = 2 (the solution is exact to
+    rounding on this linear problem: bound 1e-9). Without the fallback the error names
+    the cause."""
+    with pytest.warns(RuntimeWarning, match="not index 1 in its algebraic variables"):
+        g = _index2_grad(2.0)
+    assert abs(float(g) - 2.0) < 1e-9
+    with pytest.raises(Exception, match="no consistent values"):
+        _index2_grad_strict(2.0)

@@ -17,7 +17,6 @@ The default run takes ~1–2 minutes, nearly all of it compiling; the two-bit ad
 recomputation of the stored central differences are `slow`.
 """
 
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -359,37 +358,41 @@ def test_nand_gradient_on_kink(gradient, method):
 # Test Set's CLOAD = 0, a coupling node and the bulk nodes of its two junctions float
 # (no capacitance to ground), and g_U has rank 162 of 175 at U0 (13 such clusters, e.g.
 # nodes 164, 166, 170). The semi-explicit form q' = f(U), 0 = g(U) − q is then not index
-# 1 in U along those 13 directions. Measured: the continuous adjoint's first backward
-# step reports `nonfinite_residual` (t1 = 18: h = 6.3e-10, no step taken), so the
-# fallback to the discrete adjoint computes the gradient; `jax.jacfwd` returns NaN with
-# no error raised. Both start from consistent values that solve with the algebraic
-# block g_U (the adjoint's final condition, the initial sensitivities). With a small
-# load capacitance to ground (CLOAD = 1e-4, g_U of full rank) both succeed (the
-# continuous adjoint without the fallback) and are within 2e-5 of these differences
-# (which are for CLOAD = 0).
-_G_U_SINGULAR = "g_U of the two-bit adder has rank 162/175 (floating nodes, CLOAD = 0)"
-_TWOBIT_METHODS = [
-    pytest.param("adjoint", marks=pytest.mark.xfail(strict=True, reason=(
-        f"{_G_U_SINGULAR}: the continuous adjoint fails on its first step "
-        "(nonfinite_residual) and falls back to the discrete adjoint"))),
-    pytest.param("jacfwd", marks=pytest.mark.xfail(strict=True, reason=(
-        f"{_G_U_SINGULAR}: forward sensitivities are NaN, with no error raised"))),
-    "discrete"]
+# 1 in U along those 13 directions (index 2: W^T f_U N, W and N the left and right null
+# spaces of g_U, is nonsingular — its singular values 483…1534). Consistent initial
+# sensitivities and the continuous adjoint's consistent values solve with the algebraic
+# block g_U, so both are refused, clearly: `jax.jacfwd` raises
+# `singular_initial_sensitivity`; the continuous adjoint stops at its first restart
+# (`adjoint_failed`) and falls back to the discrete adjoint with a warning that names the
+# cause. With a small load capacitance to ground (CLOAD = 1e-4, g_U of full rank) both
+# succeed (the continuous adjoint without the fallback) and are within 2e-5 of these
+# differences (which are for CLOAD = 0).
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", _TWOBIT_METHODS)
-def test_twobit_gradient(gradient, method):
+def test_twobit_gradient(gradient):
     """∂U5(4)/∂(BETA_dep, BETA_enh, VT0_enh), the first NOR gate's output in the two-bit
-    adder (n = 350), at rtol 1e-6. The continuous adjoint must succeed by itself: its
-    fallback to the discrete adjoint (a warning) counts as a failure here. Compilation
-    ~1–2 minutes per method; the solves take seconds."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        g = gradient("twobit", method, 1e-6)
-    fallback = [w for w in caught if "continuous adjoint failed" in str(w.message)]
-    assert not fallback, fallback[0].message
-    _check("twobit", method, 1e-6, g)
+    adder (n = 350), at rtol 1e-6, by `DiscreteAdjoint()` (which differentiates the
+    computed solution and needs no index 1). Compilation ~1–2 minutes; the solve takes
+    seconds."""
+    _check("twobit", "discrete", 1e-6, gradient("twobit", "discrete", 1e-6))
+
+
+@pytest.mark.slow
+def test_twobit_continuous_adjoint_reports_singular_block(gradient):
+    """The default `jax.grad` (the continuous adjoint): the fallback's warning says the
+    DAE is not index 1, and the gradient it returns (the discrete adjoint's) agrees with
+    the differences to the discrete adjoint's bound."""
+    with pytest.warns(RuntimeWarning, match="not index 1 in its algebraic variables"):
+        g = gradient("twobit", "adjoint", 1e-6)
+    _check("twobit", "discrete", 1e-6, g)
+
+
+@pytest.mark.slow
+def test_twobit_jacfwd_raises_singular_initial_sensitivity(gradient):
+    """`jax.jacfwd` under jit: the error, not NaN."""
+    with pytest.raises(Exception, match="singular_initial_sensitivity"):
+        gradient("twobit", "jacfwd", 1e-6)
 
 
 @pytest.mark.slow

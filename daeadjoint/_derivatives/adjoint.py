@@ -131,16 +131,31 @@ class Adjoint(AbstractAdjoint):
                                                     hermite=self.interpolation == "hermite"))
 
     def backward(self, config, inputs, rec, ct, wanted):
-        out, result = backward(self, config, inputs, rec, ct, wanted)
+        out, result, singular = backward(self, config, inputs, rec, ct, wanted)
         if not self.fallback:
+            if config.throw:
+                # The reason, where it is known: raised instead of the generic message.
+                out = eqx.error_if(out, singular & succeeded(rec.result),
+                                   ADJOINT_SINGULAR_MESSAGE)
             return out, result
-        return discrete_fallback(self, config, inputs, rec, ct, wanted, out, result)
+        return discrete_fallback(self, config, inputs, rec, ct, wanted, out, result, singular)
 
 
-def discrete_fallback(adjoint: Adjoint, config, inputs, rec, ct, wanted, out, result):
+ADJOINT_SINGULAR_MESSAGE = (
+    "adjoint_failed: the continuous adjoint has no consistent values: the matrix "
+    "M = diag(d) F_y'ᵀ + diag(a) F_yᵀ (the transposed consistency matrix, a the algebraic "
+    "directions) is singular, so the DAE is not index 1 in its algebraic variables — "
+    "its algebraic block is rank-deficient (e.g. circuit nodes with no capacitance to "
+    "ground). sensitivity=DiscreteAdjoint() differentiates the computed solution "
+    "without it.")
+
+
+def discrete_fallback(adjoint: Adjoint, config, inputs, rec, ct, wanted, out, result,
+                      singular):
     """Where the continuous adjoint failed on a successful forward solve: the discrete
-    adjoint's gradient (the forward solve re-run with its step log) and a warning. Runs
-    only when some batch member failed (the predicate is shared by the batch)."""
+    adjoint's gradient (the forward solve re-run with its step log) and a warning that
+    says why where it is known (`singular`: M singular, not index 1). Runs only when
+    some batch member failed (the predicate is shared by the batch)."""
     failed = (result == RESULTS.adjoint_failed) & succeeded(rec.result)
 
     def discrete():
@@ -149,17 +164,21 @@ def discrete_fallback(adjoint: Adjoint, config, inputs, rec, ct, wanted, out, re
         _, rec_d = run_forward(cfg, inputs, record=True)
         out_d, result_d = cfg.reverse.backward(cfg, inputs, rec_d, ct, wanted)
         if runtime_errors_raise():    # a host callback: not under EQX_ON_ERROR=nan
-            jax.debug.callback(_warn_fallback, result_d == RESULTS.successful)
+            jax.debug.callback(_warn_fallback, result_d == RESULTS.successful,
+                               failed & singular)
         return (tree_where(failed, out_d, out), RESULTS.where(failed, result_d, result))
 
     return jax.lax.cond(unvmap_any(failed), discrete, lambda: (out, result))
 
 
-def _warn_fallback(ok):
+def _warn_fallback(ok, singular):
     import warnings
     how = ("the gradient comes from the discrete adjoint" if bool(jnp.all(ok)) else
            "the discrete adjoint failed too")
-    warnings.warn(f"daeadjoint: the continuous adjoint failed where the forward solve "
+    why = (" because the DAE is not index 1 in its algebraic variables (the adjoint's "
+           "consistency matrix M is singular: a rank-deficient algebraic block, e.g. "
+           "circuit nodes with no capacitance to ground)" if bool(jnp.any(singular)) else "")
+    warnings.warn(f"daeadjoint: the continuous adjoint failed{why} where the forward solve "
                   f"succeeded; {how} (Adjoint(fallback=True)).", RuntimeWarning, stacklevel=2)
 
 
@@ -303,20 +322,22 @@ def adjoint_problem(terms: _Terms, linear_solver, n, k, equations, buf, w, p, rt
 
 
 def _m_solve(terms, solver, split, t, y, yp, p, rhs):
-    """ν with M νᵢ = rhsᵢ (k, n), M the transposed consistency matrix."""
-    nu, _ = consistency_solve(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
-                              t, y, yp, p, split, rhs, transpose=True)
-    return nu
+    """(ν, singular): M νᵢ = rhsᵢ (k, n), M the transposed consistency matrix, and
+    whether M is singular (the DAE is not index 1 in its algebraic variables at t: no
+    consistent adjoint values exist, and ν is not finite)."""
+    return consistency_solve(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
+                             t, y, yp, p, split, rhs, transpose=True)
 
 
 def jump(terms: _Terms, linear_solver, split, t, y, yp, mu, yb, ypb, p):
     """The consistent jump at an observation (module docstring), for k directions
     (rows): returns μ(t⁻) and the parameter terms −F_pᵀνᵢ. `split` (a
     `_consistency.Split`) gives the algebraic directions at t: a∘ȳ + d∘ȳp is
-    Πᵀȳ + (I − Π)ᵀȳp."""
-    nu = _m_solve(terms, linear_solver, split, t, y, yp, p, split.alg_t(yb) + split.diff_t(ypb))
+    Πᵀȳ + (I − Π)ᵀȳp. Also returns whether M is singular (`_m_solve`)."""
+    nu, singular = _m_solve(terms, linear_solver, split, t, y, yp, p,
+                            split.alg_t(yb) + split.diff_t(ypb))
     fy_nu, _, fp_nu = terms.f_transpose(t, y, yp, p, nu)
-    return mu + yb - fy_nu, -fp_nu
+    return mu + yb - fy_nu, -fp_nu, singular
 
 
 def restart_values(terms: _Terms, linear_solver, split, t, mu, w, y, yp, p):
@@ -327,11 +348,11 @@ def restart_values(terms: _Terms, linear_solver, split, t, mu, w, y, yp, p):
     With a general split, a∘v is Πᵀv and d∘v is (I − Π)ᵀv."""
     gy, gyp, _ = terms.source(t, y, yp, w, p)
     mu = split.diff_t(mu) - split.alg_t(gyp)
-    lam = _m_solve(terms, linear_solver, split, t, y, yp, p,
-                   split.alg_t(gy) + split.diff_t(mu + gyp))
+    lam, _ = _m_solve(terms, linear_solver, split, t, y, yp, p,
+                      split.alg_t(gy) + split.diff_t(mu + gyp))
     fy_lam, _, _ = terms.f_transpose(t, y, yp, p, lam)
     mu_s = gy - fy_lam
-    lam_s = _m_solve(terms, linear_solver, split, t, y, yp, p, split.diff_t(mu_s))
+    lam_s, _ = _m_solve(terms, linear_solver, split, t, y, yp, p, split.diff_t(mu_s))
     flat = lambda u, v: jnp.concatenate([u, v], axis=1).reshape(-1)  # noqa: E731
     return flat(mu, lam), flat(mu_s, lam_s)
 
@@ -452,6 +473,7 @@ class _Sweep(NamedTuple):
     adj_steps: Array          # steps of (A) before the latest restart
     t_r: Array                # the restart time of s = t_r − t
     equations: Array          # the algebraic equations of (A) (`Split.algebraic_equations`)
+    singular: Array           # M was singular at a restart (the DAE is not index 1 there)
 
 
 def observe(bw: _Backward, c: _Sweep) -> _Sweep:
@@ -472,7 +494,7 @@ def observe(bw: _Backward, c: _Sweep) -> _Sweep:
         w = c.w + qb
         y, yp = c.buf.evaluate(t)
         split = bw.split(t, y, yp)
-        mu, p_jump = jump(bw.terms, bw.solver, split, t, y, yp, mu, yb, ypb, bw.p)
+        mu, p_jump, singular = jump(bw.terms, bw.solver, split, t, y, yp, mu, yb, ypb, bw.p)
         Z, Zs = restart_values(bw.terms, bw.solver, split, t, mu, w, y, yp, bw.p)
         t_next = bw.next_time(c.t_low, obs, t)
         equations = split.algebraic_equations
@@ -481,13 +503,18 @@ def observe(bw: _Backward, c: _Sweep) -> _Sweep:
         h0 = initial_step(prob, s0, Z, Zs, prob.quad(s0, Z, Zs), t - t_next)
         fresh = initial_state(prob, s0, Z, Zs, h0)
         steps = c.adj_steps + jnp.where(c.started, adj_old.stats["num_steps"], 0)
-        new = (fresh, w, c.pbar + banked + p_jump, steps, t, equations)
-        return tree_where(jumps, new, old)
+        new = (fresh, w, c.pbar + banked + p_jump, steps, t, equations, singular)
+        return tree_where(jumps, new, old + (jnp.zeros((), bool),))
 
-    adj, w, pbar, steps, t_r, equations = jax.lax.cond(unvmap_any(jumps), do_restart,
-                                                       lambda: old)
+    adj, w, pbar, steps, t_r, equations, singular = jax.lax.cond(
+        unvmap_any(jumps), do_restart, lambda: old + (jnp.zeros((), bool),))
+    # A singular M: the adjoint has no consistent values here (an algebraic block of
+    # the forward DAE that is rank-deficient, i.e. index > 1 along some directions).
+    # Integrating from the non-finite ones would only end in a NaN or a collapsed step;
+    # stop now and say why (`adjoint_failed`, the fallback's warning).
     return c._replace(obs=obs, adj=adj, w=w, pbar=pbar, adj_steps=steps, t_r=t_r,
-                equations=equations)
+                      equations=equations, ok=c.ok & ~singular,
+                      singular=c.singular | singular)
 
 
 def rebase(c: _Sweep) -> _Sweep:
@@ -515,8 +542,10 @@ def integrate_segment(bw: _Backward, c: _Sweep, max_steps: int) -> _Sweep:
         t_r = c.t_r
         adj, _, _, _ = integrate(bw.problem(c.buf, c.w, t_r, t_next, c.equations),
                                  c.adj, empty, t_r - t_next, max_steps)
-        ok = adj.result == RESULTS.successful
-        return c._replace(adj=adj, started=jnp.ones((), bool), t_cur=t_next, ok=c.ok & ok)
+        ok = c.ok & (adj.result == RESULTS.successful)
+        # After a singular restart (c.ok already false) the attempt's result is dropped.
+        return c._replace(adj=tree_where(c.ok, adj, c.adj), started=jnp.ones((), bool),
+                          t_cur=jnp.where(c.ok, t_next, c.t_cur), ok=ok)
 
     return jax.lax.while_loop(cond, body, c)
 
@@ -598,24 +627,27 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
                     t_cur=ts[-1], t_low=ts[-1], obs=jnp.asarray(ts.shape[0] - 1, jnp.int32),
                     adj=adj0, w=w0, pbar=jnp.zeros((k, terms.npar), dtype), buf=buf0,
                     started=jnp.zeros((), bool), ok=jnp.ones((), bool),
-                    adj_steps=jnp.zeros((), jnp.int32), t_r=ts[-1], equations=inputs.algebraic)
+                    adj_steps=jnp.zeros((), jnp.int32), t_r=ts[-1], equations=inputs.algebraic,
+                    singular=jnp.zeros((), bool))
     c = jax.lax.while_loop(outer_cond, outer_body, carry0)
 
-    out = at_t0(bw, config, inputs, c, unravel, pd, p_events)
+    out, singular_t0 = at_t0(bw, config, inputs, c, unravel, pd, p_events)
+    singular = c.singular | (c.ok & singular_t0)
     # Cotangents the continuous adjoint cannot take: on y' of algebraic components and
     # on higher derivatives of the dense output (third-order derivatives through
     # saveat). They are exactly zero unless such a derivative is asked for.
     unsupported = (jnp.any(jnp.where(inputs.algebraic, bw.ypbar, 0.0) != 0)
                    | jnp.any(yd_bar[:, :, 2:] != 0))
-    result = RESULTS.where(~c.ok, RESULTS.adjoint_failed,
+    result = RESULTS.where(~c.ok | singular, RESULTS.adjoint_failed,
                            RESULTS.where(unsupported, RESULTS.unsupported_cotangent,
                                          RESULTS.successful))
-    return _restrict(out, wanted), result
+    return _restrict(out, wanted), result, singular
 
 
 def at_t0(bw: _Backward, config, inputs, c: _Sweep, unravel, pd, p_events):
     """At t0: the observations there, then the initial-value cotangents (`init`
-    semantics) and the one of t0; the parameter gradient with everything banked."""
+    semantics) and the one of t0; the parameter gradient with everything banked.
+    Returns (cotangents, whether M is singular at t0)."""
     k, npar, t0 = bw.k, bw.terms.npar, inputs.t0
     adj = c.adj
     mu = jnp.where(c.started, bw.mu(adj), 0.0)
@@ -623,13 +655,15 @@ def at_t0(bw: _Backward, config, inputs, c: _Sweep, unravel, pd, p_events):
     _, yb, ypb, qb = bw.observed_at(c.obs, t0)
     y_t0, yp_t0 = c.buf.evaluate(t0)
     split = bw.split(t0, y_t0, yp_t0)
-    mu, p_jump = jump(bw.terms, bw.solver, split, t0, y_t0, yp_t0, mu, yb, ypb, bw.p)
+    mu, p_jump, singular = jump(bw.terms, bw.solver, split, t0, y_t0, yp_t0, mu, yb, ypb,
+                                bw.p)
     pbar = pbar + p_jump
     w = c.w + qb
     ybar0, ypbar0, pbar = initial_value_cotangents(config, bw.terms, bw.solver, split, t0,
                                                    y_t0, yp_t0, mu, pbar, bw.p)
-    return reverse_tangents_at_t0(config, inputs, split, mu, y_t0, yp_t0, w, pbar, unravel,
-                                  pd, p_events, y0_bar=ybar0, yp0_bar=ypbar0)
+    out = reverse_tangents_at_t0(config, inputs, split, mu, y_t0, yp_t0, w, pbar, unravel,
+                                 pd, p_events, y0_bar=ybar0, yp0_bar=ypbar0)
+    return out, singular
 
 
 def initial_value_cotangents(config, terms, solver, split, t0, y, yp, mu, pbar, p):

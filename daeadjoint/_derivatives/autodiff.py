@@ -133,8 +133,12 @@ def _primal_tangent_impl(config, inputs, t, ndir):
     tk = t if ndir is not None else jax.tree_util.tree_map(lambda x: x[None], t)
     core, _, (dots, result) = run(config, inputs, tangents=tk, k=k)
     dots = tuple(jnp.where(jnp.isfinite(d), d, 0.0) for d in dots)
-    # The primal's own status reports a failed run (its derivatives are NaN).
-    dots = _flag_failure(config, result, core.result, dots)
+    # The primal and its tangents come from this one run, so the tangents report its
+    # failure themselves: `jax.jacfwd` (and a jvp whose primal is unused) discards the
+    # primal, and under `jit` its error check goes with it — a failure of the run (e.g.
+    # `singular_initial_sensitivity`, set at t0 before any step) would otherwise give
+    # NaN derivatives with no error.
+    dots = _flag_failure(config, result, RESULTS.successful, dots)
     if ndir is None:
         dots = tuple(d[0] for d in dots)
     return core, dots
