@@ -1,0 +1,212 @@
+"""Ensembles: one function of a single member (a solve, or a derivative of a per-member
+loss) over a batch of members, in chunks of a fixed size, each chunk split over the local
+devices with independent per-device integrations.
+
+A chunk is `jax.vmap` of the function, so its members run in lock-step until the slowest
+one finishes; between devices nothing is shared (`shard_map` over a one-axis mesh of the
+devices: no collective operation per step, each device's loop ends when its own members
+are done). Chunks run one after another through one compiled program: the last chunk is
+padded to the chunk size with copies of its first member, whose results are dropped.
+"""
+
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from ._solution import Solution
+
+_AXIS = "ensemble"
+
+
+def _batch_size(xs) -> int:
+    leaves = [x for x in jax.tree_util.tree_leaves(xs) if eqx.is_array_like(x)]
+    if not leaves:
+        raise ValueError("daeadjoint.ensemble: the batched arguments contain no arrays; each "
+                         "array leaf must have the batch (members) as its leading axis.")
+    sizes = {np.shape(x)[0] if np.ndim(x) > 0 else None for x in leaves}
+    if None in sizes:
+        raise ValueError("daeadjoint.ensemble: a batched argument is a scalar; every array "
+                         "leaf needs a leading batch axis (one entry per member).")
+    if len(sizes) != 1:
+        raise ValueError("daeadjoint.ensemble: the batched arguments disagree on the number of "
+                         f"members (leading axes {sorted(sizes)}).")
+    return sizes.pop()
+
+
+def _reporter(progress) -> Callable[[int, int, float], None] | None:
+    if progress is False or progress is None:
+        return None
+    if callable(progress):
+        return lambda done, total, elapsed: progress(done, total)
+
+    def report(done, total, elapsed):
+        eta = elapsed / done * (total - done) if done else float("nan")
+        print(f"daeadjoint.ensemble: {done}/{total} members, {elapsed:.1f} s elapsed, "
+              f"~{eta:.1f} s to go", file=sys.stderr, flush=True)
+    return report
+
+
+def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
+             devices: Sequence[Any] | None = None,
+             progress: bool | Callable[[int, int], Any] = False) -> Any:
+    r"""`fn` applied to every member of a batch: out[i] = fn(x₁[i], x₂[i], …).
+
+    For ensembles too large for one `jax.vmap` (memory), spread over several devices, or
+    worth a progress report. `fn` is one member's computation — a solve, or a derivative
+    of a per-member loss (`jax.grad(loss)`, `jax.jacfwd(f)`, `jax.jacrev(f)`,
+    `jax.value_and_grad(loss)`) — and is compiled once, as `jax.vmap(fn)` over a chunk.
+    Members are independent: each gets the result of its own unbatched call, up to
+    rounding (a vmapped solve takes the batch's expensive branches, e.g. a Jacobian
+    refresh, whenever any member needs them, but each member's values follow its own
+    step sequence). Call `solve` inside `fn` with `throw=False` so that a failing member
+    reports its status (`sol.result`; derivatives NaN) instead of stopping the ensemble
+    with an error; `solve_ensemble` does this for a plain solve.
+
+    **Arguments:**
+
+    - `fn`: the function of one member; its outputs a pytree of arrays.
+    - `*batched`: its arguments, pytrees whose array leaves all have the members as
+      their leading axis (close over what is shared: `lambda p: f(p, data)`).
+    - `chunk_size`: members per compiled call (default: all at once). It bounds memory:
+      a vmapped solve holds every member's state, Jacobian and (for derivatives)
+      checkpoints at once, so the peak memory grows linearly with the chunk. Rounded up
+      to a multiple of the number of devices; the last chunk is padded to it (one
+      compiled program for all chunks).
+    - `devices`: where to run (default `jax.local_devices()`). With several, each chunk
+      is split evenly over them (`shard_map`: every device integrates its own members in
+      its own loop, no communication per step); a chunk smaller than the number of
+      devices is padded.
+    - `progress`: True prints the members done, time elapsed and an estimate of the time
+      left (to stderr) after each chunk; a callable is called as `progress(done, total)`.
+
+    **Returns:** `fn`'s outputs stacked along a new leading axis of the batch size (as
+    `jax.vmap(fn)(*batched)`), on the host's default device.
+    """
+    # Array leaves carry the members; any other leaf (e.g. a static int in `args`) is
+    # shared by all of them.
+    dyn, static = eqx.partition(batched, eqx.is_array)
+    total = _batch_size(dyn)
+    devices = list(jax.local_devices() if devices is None else devices)
+    if not devices:
+        raise ValueError("daeadjoint.ensemble: `devices` is empty.")
+    ndev = len(devices)
+    if chunk_size is None:
+        chunk_size = total
+    if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ValueError(f"daeadjoint.ensemble: chunk_size must be a positive integer, got "
+                         f"{chunk_size!r}.")
+    chunk = ndev * math.ceil(min(int(chunk_size), total) / ndev)
+    report = _reporter(progress)
+    run, place = _compiled(lambda *d: fn(*eqx.combine(d, static)), devices)
+
+    outs = []
+    start = time.perf_counter()
+    for lo in range(0, total, chunk):
+        hi = min(lo + chunk, total)
+        part = jax.tree_util.tree_map(lambda x: _padded(np.asarray(x)[lo:hi], chunk), dyn)
+        out_dyn, out_static = run(*place(part))
+        # To the host: device memory holds one chunk at a time.
+        outs.append(jax.tree_util.tree_map(lambda o: np.asarray(o)[:hi - lo], out_dyn))
+        if report is not None:
+            report(hi, total, time.perf_counter() - start)
+    stacked = jax.tree_util.tree_map(lambda *o: jnp.asarray(np.concatenate(o)), *outs)
+    return eqx.combine(stacked, out_static)
+
+
+def _padded(x, size: int):
+    """x (leading axis ≤ size) padded to `size` rows with copies of its first row."""
+    if x.shape[0] == size:
+        return x
+    return np.concatenate([x, np.repeat(x[:1], size - x.shape[0], axis=0)])
+
+
+def _compiled(fn, devices):
+    """(compiled chunk function returning (array outputs, the rest), placement of a
+    chunk's inputs) for these devices."""
+    static_out = []
+
+    def arrays_of(*xs):     # jit and shard_map return arrays only: keep the rest aside
+        out_dyn, out_static = eqx.partition(jax.vmap(fn)(*xs), eqx.is_array)
+        static_out[:] = [out_static]
+        return out_dyn
+
+    if len(devices) == 1:
+        dev = devices[0]
+        compiled = jax.jit(arrays_of)
+        place = lambda part: jax.device_put(part, dev)  # noqa: E731
+    else:
+        mesh = jax.sharding.Mesh(np.asarray(devices), (_AXIS,),
+                                 axis_types=(AxisType.Explicit,))
+        spec = PartitionSpec(_AXIS)
+        # Inside shard_map the axis is manual: each device vmaps its own members, and
+        # the solver's loops see no sharded axis (no collective per step).
+        compiled = jax.jit(jax.shard_map(arrays_of, mesh=mesh, in_specs=spec,
+                                         out_specs=spec, check_vma=False))
+        sharding = NamedSharding(mesh, spec)
+        place = lambda part: jax.device_put(part, sharding)  # noqa: E731
+
+    def run(*part):
+        out = compiled(*part)
+        return out, static_out[0]
+
+    return run, place
+
+
+def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *,
+                   batch: Sequence[str] = ("y0", "args"), chunk_size: int | None = None,
+                   devices: Sequence[Any] | None = None,
+                   progress: bool | Callable[[int, int], Any] = False,
+                   **solve_kwargs: Any) -> Solution:
+    r"""`solve` for every member of a batch of initial values and/or parameters, with
+    per-member statuses (`ensemble` of `solve`, `throw=False` by default).
+
+    **Arguments:**
+
+    - `residual`, `t0`, `t1`, `y0`, `yp0`, `args`: as for `solve`, except that the
+      inputs named in `batch` carry the members along a leading axis: `y0` (and `yp0`)
+      of shape (members, n), every array leaf of `args` with the members first.
+    - `batch`: which of `"t0"`, `"t1"`, `"y0"`, `"yp0"`, `"args"` are batched
+      (default `("y0", "args")`; a `y0` of shape (n,) or `args=None` is then shared by
+      all members). The others are shared.
+    - `chunk_size`, `devices`, `progress`: as for `ensemble`.
+    - `**solve_kwargs`: every other option of `solve` (`saveat`, `rtol`, `atol`,
+      `algebraic`, `sensitivity`, ...), shared by all members. `throw` defaults to False:
+      a failed member keeps its status in `result` and its partial solution (`inf` where
+      not reached), the others are unaffected.
+
+    **Returns:** a `Solution` whose arrays (`ys`, `yps`, `qs`, `stats`, `result`, ...)
+    have the members as their leading axis; `sol.result[i]` is member i's status
+    (`daeadjoint.RESULTS`), e.g. `sol.result == dae.RESULTS.successful`.
+    """
+    allowed = ("t0", "t1", "y0", "yp0", "args")
+    unknown = [b for b in batch if b not in allowed]
+    if unknown:
+        raise ValueError(f"daeadjoint.solve_ensemble: `batch` names {unknown}; allowed: "
+                         f"{list(allowed)}.")
+    from ._solve import solve
+    values = dict(t0=t0, t1=t1, y0=y0, yp0=yp0, args=args)
+    # A batched y0/yp0 is 2-D; a 1-D one (or args=None) is shared although named.
+    names = [b for b in batch if values[b] is not None
+             and not (b in ("y0", "yp0") and np.ndim(values[b]) == 1)]
+    if not names:
+        raise ValueError("daeadjoint.solve_ensemble: nothing is batched: pass `y0` of shape "
+                         "(members, n) or `args` whose array leaves have the members first "
+                         "(and name them in `batch`).")
+    shared = {k: v for k, v in values.items() if k not in names}
+    solve_kwargs.setdefault("throw", False)
+
+    def member(*xs):
+        kw = dict(shared, **dict(zip(names, xs)))
+        return solve(residual, kw.pop("t0"), kw.pop("t1"), kw.pop("y0"), kw.pop("yp0"),
+                     kw.pop("args"), **solve_kwargs)
+
+    return ensemble(member, *[values[b] for b in names], chunk_size=chunk_size,
+                    devices=devices, progress=progress)
