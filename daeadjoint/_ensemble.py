@@ -9,6 +9,7 @@ are done). Chunks run one after another through one compiled program: the last c
 padded to the chunk size with copies of its first member, whose results are dropped.
 """
 
+import functools as ft
 import math
 import sys
 import time
@@ -31,10 +32,10 @@ def _batch_size(xs) -> int:
     if not leaves:
         raise ValueError("daeadjoint.ensemble: the batched arguments contain no arrays; each "
                          "array leaf must have the batch (members) as its leading axis.")
-    sizes = {np.shape(x)[0] if np.ndim(x) > 0 else None for x in leaves}
-    if None in sizes:
+    if any(np.ndim(x) == 0 for x in leaves):
         raise ValueError("daeadjoint.ensemble: a batched argument is a scalar; every array "
                          "leaf needs a leading batch axis (one entry per member).")
+    sizes = {int(np.shape(x)[0]) for x in leaves}
     if len(sizes) != 1:
         raise ValueError("daeadjoint.ensemble: the batched arguments disagree on the number of "
                          f"members (leading axes {sorted(sizes)}).")
@@ -111,21 +112,27 @@ def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
     start = time.perf_counter()
     for lo in range(0, total, chunk):
         hi = min(lo + chunk, total)
-        part = jax.tree_util.tree_map(lambda x: _padded(np.asarray(x)[lo:hi], chunk), dyn)
+        rows = slice(lo, hi)
+        part = jax.tree_util.tree_map(ft.partial(_padded, rows=rows, size=chunk), dyn)
         out_dyn, out_static = run(*place(part))
         # To the host: device memory holds one chunk at a time.
-        outs.append(jax.tree_util.tree_map(lambda o: np.asarray(o)[:hi - lo], out_dyn))
+        outs.append(jax.tree_util.tree_map(ft.partial(_first, n=hi - lo), out_dyn))
         if report is not None:
             report(hi, total, time.perf_counter() - start)
     stacked = jax.tree_util.tree_map(lambda *o: jnp.asarray(np.concatenate(o)), *outs)
     return eqx.combine(stacked, out_static)
 
 
-def _padded(x, size: int):
-    """x (leading axis ≤ size) padded to `size` rows with copies of its first row."""
+def _padded(x, rows: slice, size: int):
+    """x[rows] padded to `size` rows with copies of its first row."""
+    x = np.asarray(x)[rows]
     if x.shape[0] == size:
         return x
     return np.concatenate([x, np.repeat(x[:1], size - x.shape[0], axis=0)])
+
+
+def _first(x, n: int):
+    return np.asarray(x)[:n]
 
 
 def _compiled(fn, devices):

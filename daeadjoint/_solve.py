@@ -219,10 +219,17 @@ def _explicit_batch() -> bool:
     """Whether this solve runs under a `vmap` over an explicitly sharded mesh axis (or in
     a `jax.set_mesh` context with explicit axes, where a `jit` may hide the `vmap`):
     then its integrations are primitives batched by `shard_map` (`batching.py`)."""
-    if explicit_batch_axis() is not None:
-        return True
     mesh = jax.sharding.get_abstract_mesh()
-    return not mesh.empty and bool(mesh.explicit_axes)
+    axis = explicit_batch_axis()
+    if axis is not None and mesh.empty:
+        # JAX's batching along an explicit axis needs the mesh in context (without it
+        # even a plain vmapped while_loop fails, naming an axis "not found in mesh: ()").
+        raise ValueError(
+            f"daeadjoint: `solve` is vmapped over a batch sharded along the explicit mesh "
+            f"axis {axis} without a mesh in context: call it inside `with "
+            "jax.set_mesh(mesh):`, or make the mesh with "
+            "`axis_types=(jax.sharding.AxisType.Auto, ...)`.")
+    return axis is not None or (not mesh.empty and bool(mesh.explicit_axes))
 
 
 def _structural_algebraic(residual, t0, y0, yp0, args, default):

@@ -1,7 +1,9 @@
 """The batching rules of `autodiff.py`'s primitives. A batch of the linear operand alone
 (tangents under `jacfwd`, cotangents under `jacrev`, directions of a Hessian-vector
 product) is folded into the directions of one integration; anything else is vmapped as
-`equinox.internal.create_vprim` would. Importing this module installs the rules (`_solve`
+`equinox.internal.create_vprim` would. A batch along an explicitly sharded mesh axis
+(`jax.make_mesh`'s default axis type) is split over the devices first (`_shard_mapped`:
+`shard_map` of a per-device `vmap`). Importing this module installs the rules (`_solve`
 imports it); replacing a primitive's batching rule is one of the internals of JAX that
 `_jax_internals.py` gathers."""
 
@@ -160,8 +162,7 @@ def _shard_mapped(prim, rule):
     of a plain `vmap` over the device's members (which `rule` batches). The devices'
     loops are independent (no collective per step), and no integrator loop is batched
     along an explicitly sharded axis (JAX's batching of a `while_loop` there creates
-    its carries unsharded and fails). A batch that does not divide evenly is padded
-    with copies of its first member, whose results are dropped."""
+    its carries unsharded and fails)."""
     def sharded_rule(axis_data, vals, dims, **params):
         axis = batch_explicit_axis(axis_data)
         if axis is None or all(d is None for d in dims):
@@ -171,12 +172,12 @@ def _shard_mapped(prim, rule):
         mesh = jax.typeof(ref).sharding.mesh
         names = axis if isinstance(axis, tuple) else (axis,)
         shards = math.prod(mesh.shape[a] for a in names)
-        pad = -size % shards
+        if size % shards:   # JAX refuses such shardings; a clear message if one slips by
+            raise ValueError(
+                f"daeadjoint: a batch of {size} members cannot be split evenly over the "
+                f"{shards} devices of mesh axis {axis}.")
         spec = PartitionSpec(axis if len(names) > 1 else names[0])
         vals = [v if d is None else jnp.moveaxis(v, d, 0) for v, d in zip(vals, dims)]
-        if pad:
-            vals = [v if d is None else jnp.concatenate([v, jnp.repeat(v[:1], pad, axis=0)])
-                    for v, d in zip(vals, dims)]
         in_axes = [None if d is None else 0 for d in dims]
 
         def local(*vs):
@@ -186,8 +187,6 @@ def _shard_mapped(prim, rule):
             local, mesh=mesh, in_specs=tuple(spec if d is not None else PartitionSpec()
                                              for d in dims),
             out_specs=spec, axis_names=set(names), check_vma=False)(*vals)
-        if pad:
-            out = [o[:size] for o in out]
         return list(out), [0] * len(out)
     return sharded_rule
 
