@@ -63,7 +63,10 @@ def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
     For ensembles too large for one `jax.vmap` (memory), spread over several devices, or
     worth a progress report. `fn` is one member's computation — a solve, or a derivative
     of a per-member loss (`jax.grad(loss)`, `jax.jacfwd(f)`, `jax.jacrev(f)`,
-    `jax.value_and_grad(loss)`) — and is compiled once, as `jax.vmap(fn)` over a chunk.
+    `jax.value_and_grad(loss)`) — and is compiled once, as `jax.vmap(fn)` over a chunk
+    (and reused by later calls with the same function object and chunk shape: make
+    `jax.grad(loss)` once, not in each call). Call it outside `jax.jit`: it moves each
+    chunk's results to the host.
     Members are independent: each gets the result of its own unbatched call, up to
     rounding (a vmapped solve takes the batch's expensive branches, e.g. a Jacobian
     refresh, whenever any member needs them, but each member's values follow its own
@@ -106,7 +109,7 @@ def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
                          f"{chunk_size!r}.")
     chunk = ndev * math.ceil(min(int(chunk_size), total) / ndev)
     report = _reporter(progress)
-    run, place = _compiled(lambda *d: fn(*eqx.combine(d, static)), devices)
+    run, place = _compiled(fn, static, devices)
 
     outs = []
     start = time.perf_counter()
@@ -114,7 +117,7 @@ def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
         hi = min(lo + chunk, total)
         rows = slice(lo, hi)
         part = jax.tree_util.tree_map(ft.partial(_padded, rows=rows, size=chunk), dyn)
-        out_dyn, out_static = run(*place(part))
+        out_dyn, out_static = eqx.partition(run(place(part)), eqx.is_array)
         # To the host: device memory holds one chunk at a time.
         outs.append(jax.tree_util.tree_map(ft.partial(_first, n=hi - lo), out_dyn))
         if report is not None:
@@ -135,36 +138,44 @@ def _first(x, n: int):
     return np.asarray(x)[:n]
 
 
-def _compiled(fn, devices):
-    """(compiled chunk function returning (array outputs, the rest), placement of a
-    chunk's inputs) for these devices."""
-    static_out = []
+def _member_batch(fn, static):
+    return jax.vmap(lambda *d: fn(*eqx.combine(d, static)))
 
-    def arrays_of(*xs):     # jit and shard_map return arrays only: keep the rest aside
-        out_dyn, out_static = eqx.partition(jax.vmap(fn)(*xs), eqx.is_array)
-        static_out[:] = [out_static]
-        return out_dyn
 
+# Module-level compiled functions, `fn`, `static` and the mesh as static arguments: a
+# second `ensemble` call with the same function reuses the compiled chunk.
+@eqx.filter_jit
+def _chunk_on_one_device(fn, static, part):
+    return _member_batch(fn, static)(*part)
+
+
+@eqx.filter_jit
+def _chunk_sharded(fn, static, mesh, part):
+    rest = []
+
+    def local(*d):   # shard_map returns arrays only: keep the rest aside
+        out, out_static = eqx.partition(_member_batch(fn, static)(*d), eqx.is_array)
+        rest.append(out_static)
+        return out
+
+    spec = PartitionSpec(_AXIS)
+    # Inside shard_map the axis is manual: each device vmaps its own members, and the
+    # solver's loops see no sharded axis (no collective per step).
+    out = jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec,
+                        check_vma=False)(*part)
+    return eqx.combine(out, rest[0])
+
+
+def _compiled(fn, static, devices):
+    """(chunk -> fn's outputs for its members, placement of a chunk's inputs)."""
     if len(devices) == 1:
         dev = devices[0]
-        compiled = jax.jit(arrays_of)
-        place = lambda part: jax.device_put(part, dev)  # noqa: E731
-    else:
-        mesh = jax.sharding.Mesh(np.asarray(devices), (_AXIS,),
-                                 axis_types=(AxisType.Explicit,))
-        spec = PartitionSpec(_AXIS)
-        # Inside shard_map the axis is manual: each device vmaps its own members, and
-        # the solver's loops see no sharded axis (no collective per step).
-        compiled = jax.jit(jax.shard_map(arrays_of, mesh=mesh, in_specs=spec,
-                                         out_specs=spec, check_vma=False))
-        sharding = NamedSharding(mesh, spec)
-        place = lambda part: jax.device_put(part, sharding)  # noqa: E731
-
-    def run(*part):
-        out = compiled(*part)
-        return out, static_out[0]
-
-    return run, place
+        return (ft.partial(_chunk_on_one_device, fn, static),
+                lambda part: jax.device_put(part, dev))
+    mesh = jax.sharding.Mesh(np.asarray(devices), (_AXIS,), axis_types=(AxisType.Explicit,))
+    sharding = NamedSharding(mesh, PartitionSpec(_AXIS))
+    return (ft.partial(_chunk_sharded, fn, static, mesh),
+            lambda part: jax.device_put(part, sharding))
 
 
 def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *,
@@ -215,5 +226,32 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
         return solve(residual, kw.pop("t0"), kw.pop("t1"), kw.pop("y0"), kw.pop("yp0"),
                      kw.pop("args"), **solve_kwargs)
 
+    # The same problem and options give the same `member` function, so that a repeated
+    # call reuses the compiled chunk (it bakes the shared values in as constants).
+    key = _key((residual, tuple(names), shared, solve_kwargs))
+    if key is not None:
+        member = _MEMBERS.setdefault(key, member)
+        if len(_MEMBERS) > 32:
+            _MEMBERS.pop(next(iter(_MEMBERS)))
     return ensemble(member, *[values[b] for b in names], chunk_size=chunk_size,
                     devices=devices, progress=progress)
+
+
+_MEMBERS: dict = {}
+
+
+def _key(tree):
+    """A hashable fingerprint of a pytree (arrays by shape, dtype and bytes), or None."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    out = []
+    for x in leaves:
+        if isinstance(x, (np.ndarray, jax.Array, np.generic)):
+            x = np.asarray(x)
+            out.append(("array", x.shape, x.dtype.str, x.tobytes()))
+        else:
+            try:
+                hash(x)
+            except TypeError:
+                return None
+            out.append(x)
+    return treedef, tuple(out)
