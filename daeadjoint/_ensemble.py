@@ -56,7 +56,7 @@ def _reporter(progress) -> Callable[[int, int, float], None] | None:
 
 
 def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
-             devices: Sequence[Any] | None = None,
+             memory_limit: int | None = None, devices: Sequence[Any] | None = None,
              progress: bool | Callable[[int, int], Any] = False) -> Any:
     r"""`fn` applied to every member of a batch: out[i] = fn(x₁[i], x₂[i], …).
 
@@ -84,6 +84,10 @@ def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
       checkpoints at once, so the peak memory grows linearly with the chunk. Rounded up
       to a multiple of the number of devices; the last chunk is padded to it (one
       compiled program for all chunks).
+    - `memory_limit`: bytes per device the chunk may use; the chunk is made no larger
+      than what XLA's memory analysis of a one-member-per-device program says fits
+      (that program's arguments, outputs and temporaries counted for every member: an
+      overestimate). One extra compilation.
     - `devices`: where to run (default `jax.local_devices()`). With several, each chunk
       is split evenly over them (`shard_map`: every device integrates its own members in
       its own loop, no communication per step); a chunk smaller than the number of
@@ -107,9 +111,12 @@ def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
     if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"daeadjoint.ensemble: chunk_size must be a positive integer, got "
                          f"{chunk_size!r}.")
+    function, leading, place = _compiled(fn, static, devices)
+    if memory_limit is not None:
+        per_device = _members_in(memory_limit, function, leading, place, dyn, ndev)
+        chunk_size = min(chunk_size, per_device * ndev)
     chunk = ndev * math.ceil(min(int(chunk_size), total) / ndev)
     report = _reporter(progress)
-    run, place = _compiled(fn, static, devices)
 
     outs = []
     start = time.perf_counter()
@@ -117,7 +124,7 @@ def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
         hi = min(lo + chunk, total)
         rows = slice(lo, hi)
         part = jax.tree_util.tree_map(ft.partial(_padded, rows=rows, size=chunk), dyn)
-        out_dyn, out_static = eqx.partition(run(place(part)), eqx.is_array)
+        out_dyn, out_static = eqx.partition(function(*leading, place(part)), eqx.is_array)
         # To the host: device memory holds one chunk at a time.
         outs.append(jax.tree_util.tree_map(ft.partial(_first, n=hi - lo), out_dyn))
         if report is not None:
@@ -167,20 +174,35 @@ def _chunk_sharded(fn, static, mesh, part):
 
 
 def _compiled(fn, static, devices):
-    """(chunk -> fn's outputs for its members, placement of a chunk's inputs)."""
+    """(compiled function, its leading static arguments, placement of a chunk's inputs):
+    `function(*leading, place(part))` gives fn's outputs for the chunk's members."""
     if len(devices) == 1:
         dev = devices[0]
-        return (ft.partial(_chunk_on_one_device, fn, static),
-                lambda part: jax.device_put(part, dev))
+        return _chunk_on_one_device, (fn, static), lambda part: jax.device_put(part, dev)
     mesh = jax.sharding.Mesh(np.asarray(devices), (_AXIS,), axis_types=(AxisType.Explicit,))
     sharding = NamedSharding(mesh, PartitionSpec(_AXIS))
-    return (ft.partial(_chunk_sharded, fn, static, mesh),
-            lambda part: jax.device_put(part, sharding))
+    return _chunk_sharded, (fn, static, mesh), lambda part: jax.device_put(part, sharding)
+
+
+def _members_in(memory_limit: int, function, leading, place, dyn, ndev: int) -> int:
+    """Members per device that fit `memory_limit` bytes per device: XLA's memory
+    analysis (arguments, outputs, temporaries) of the program for one member per device,
+    taken as the cost of each member (an overestimate: it includes what the members
+    share)."""
+    probe = jax.tree_util.tree_map(ft.partial(_padded, rows=slice(0, ndev), size=ndev), dyn)
+    stats = function.lower(*leading, place(probe)).compile().compiled.memory_analysis()
+    per_member = (stats.argument_size_in_bytes + stats.output_size_in_bytes
+                  + stats.temp_size_in_bytes)
+    fit = int(memory_limit) // max(per_member, 1)
+    if fit < 1:
+        raise ValueError(f"daeadjoint.ensemble: memory_limit={memory_limit} bytes is less "
+                         f"than one member needs ({per_member} bytes per device).")
+    return fit
 
 
 def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *,
                    batch: Sequence[str] = ("y0", "args"), chunk_size: int | None = None,
-                   devices: Sequence[Any] | None = None,
+                   memory_limit: int | None = None, devices: Sequence[Any] | None = None,
                    progress: bool | Callable[[int, int], Any] = False,
                    **solve_kwargs: Any) -> Solution:
     r"""`solve` for every member of a batch of initial values and/or parameters, with
@@ -194,7 +216,7 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
     - `batch`: which of `"t0"`, `"t1"`, `"y0"`, `"yp0"`, `"args"` are batched
       (default `("y0", "args")`; a `y0` of shape (n,) or `args=None` is then shared by
       all members). The others are shared.
-    - `chunk_size`, `devices`, `progress`: as for `ensemble`.
+    - `chunk_size`, `memory_limit`, `devices`, `progress`: as for `ensemble`.
     - `**solve_kwargs`: every other option of `solve` (`saveat`, `rtol`, `atol`,
       `algebraic`, `sensitivity`, ...), shared by all members. `throw` defaults to False:
       a failed member keeps its status in `result` and its partial solution (`inf` where
@@ -234,7 +256,7 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
         if len(_MEMBERS) > 32:
             _MEMBERS.pop(next(iter(_MEMBERS)))
     return ensemble(member, *[values[b] for b in names], chunk_size=chunk_size,
-                    devices=devices, progress=progress)
+                    memory_limit=memory_limit, devices=devices, progress=progress)
 
 
 _MEMBERS: dict = {}

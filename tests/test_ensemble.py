@@ -125,3 +125,24 @@ def test_bad_input_is_named():
         dae.solve_ensemble(robertson, 0.0, 1.0, Y0, args=K, batch=("k",))
     with pytest.raises(ValueError, match="nothing is batched"):
         dae.solve_ensemble(robertson, 0.0, 1.0, Y0[0], args=None)
+
+
+def _outer(x):
+    return jnp.outer(x, x)
+
+
+def test_memory_limit_sets_the_chunk():
+    """One member of `_outer` at n = 50 holds its argument (400 bytes) and output (20 000
+    bytes, and 24 for XLA's output tuple), no temporaries; a limit of two members' worth
+    gives chunks of 2."""
+    x = np.arange(5 * 50, dtype=np.float64).reshape(5, 50)
+    seen = []
+    out = dae.ensemble(_outer, x, memory_limit=2 * 20424 + 1,
+                       progress=lambda d, t: seen.append(d))
+    assert seen == [2, 4, 5]
+    np.testing.assert_array_equal(out, np.einsum("bi,bj->bij", x, x))
+    seen.clear()
+    dae.ensemble(_outer, x, memory_limit=10**9, progress=lambda d, t: seen.append(d))
+    assert seen == [5]
+    with pytest.raises(ValueError, match="less than one member needs"):
+        dae.ensemble(_outer, x, memory_limit=100)
