@@ -57,7 +57,7 @@ def _reporter(progress) -> Callable[[int, int, float], None] | None:
 
 def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
              memory_limit: int | None = None, devices: Sequence[Any] | None = None,
-             progress: bool | Callable[[int, int], Any] = False) -> Any:
+             cost: Any = None, progress: bool | Callable[[int, int], Any] = False) -> Any:
     r"""`fn` applied to every member of a batch: out[i] = fn(x₁[i], x₂[i], …).
 
     For ensembles too large for one `jax.vmap` (memory), spread over several devices, or
@@ -92,6 +92,11 @@ def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
       is split evenly over them (`shard_map`: every device integrates its own members in
       its own loop, no communication per step); a chunk smaller than the number of
       devices is padded.
+    - `cost`: a predicted cost per member (e.g. `sol.stats["num_steps"]` of a cheap
+      pilot run at a loose tolerance). The members are then run in order of cost, so
+      that each chunk, and each device's share of it, holds members of similar cost and
+      its lock-step loop wastes little on waiting for its slowest member; the results
+      come back in the original order.
     - `progress`: True prints the members done, time elapsed and an estimate of the time
       left (to stderr) after each chunk; a callable is called as `progress(done, total)`.
 
@@ -102,6 +107,14 @@ def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
     # shared by all of them.
     dyn, static = eqx.partition(batched, eqx.is_array)
     total = _batch_size(dyn)
+    order = None
+    if cost is not None:
+        cost = np.asarray(cost)
+        if cost.shape != (total,):
+            raise ValueError(f"daeadjoint.ensemble: `cost` must have one entry per member "
+                             f"({total},), got shape {cost.shape}.")
+        order = np.argsort(cost, kind="stable")
+        dyn = jax.tree_util.tree_map(lambda x: np.asarray(x)[order], dyn)
     devices = list(jax.local_devices() if devices is None else devices)
     if not devices:
         raise ValueError("daeadjoint.ensemble: `devices` is empty.")
@@ -129,8 +142,12 @@ def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
         outs.append(jax.tree_util.tree_map(ft.partial(_first, n=hi - lo), out_dyn))
         if report is not None:
             report(hi, total, time.perf_counter() - start)
-    stacked = jax.tree_util.tree_map(lambda *o: jnp.asarray(np.concatenate(o)), *outs)
-    return eqx.combine(stacked, out_static)
+    stacked = jax.tree_util.tree_map(lambda *o: np.concatenate(o), *outs)
+    if order is not None:      # back to the caller's order
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(total)
+        stacked = jax.tree_util.tree_map(lambda o: o[inverse], stacked)
+    return eqx.combine(jax.tree_util.tree_map(jnp.asarray, stacked), out_static)
 
 
 def _padded(x, rows: slice, size: int):
@@ -203,7 +220,7 @@ def _members_in(memory_limit: int, function, leading, place, dyn, ndev: int) -> 
 def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *,
                    batch: Sequence[str] = ("y0", "args"), chunk_size: int | None = None,
                    memory_limit: int | None = None, devices: Sequence[Any] | None = None,
-                   progress: bool | Callable[[int, int], Any] = False,
+                   cost: Any = None, progress: bool | Callable[[int, int], Any] = False,
                    **solve_kwargs: Any) -> Solution:
     r"""`solve` for every member of a batch of initial values and/or parameters, with
     per-member statuses (`ensemble` of `solve`, `throw=False` by default).
@@ -216,7 +233,7 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
     - `batch`: which of `"t0"`, `"t1"`, `"y0"`, `"yp0"`, `"args"` are batched
       (default `("y0", "args")`; a `y0` of shape (n,) or `args=None` is then shared by
       all members). The others are shared.
-    - `chunk_size`, `memory_limit`, `devices`, `progress`: as for `ensemble`.
+    - `chunk_size`, `memory_limit`, `devices`, `cost`, `progress`: as for `ensemble`.
     - `**solve_kwargs`: every other option of `solve` (`saveat`, `rtol`, `atol`,
       `algebraic`, `sensitivity`, ...), shared by all members. `throw` defaults to False:
       a failed member keeps its status in `result` and its partial solution (`inf` where
@@ -256,7 +273,7 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
         if len(_MEMBERS) > 32:
             _MEMBERS.pop(next(iter(_MEMBERS)))
     return ensemble(member, *[values[b] for b in names], chunk_size=chunk_size,
-                    memory_limit=memory_limit, devices=devices, progress=progress)
+                    memory_limit=memory_limit, devices=devices, cost=cost, progress=progress)
 
 
 _MEMBERS: dict = {}

@@ -146,3 +146,27 @@ def test_memory_limit_sets_the_chunk():
     assert seen == [5]
     with pytest.raises(ValueError, match="less than one member needs"):
         dae.ensemble(_outer, x, memory_limit=100)
+
+
+def test_cost_order_returns_the_callers_order(monkeypatch):
+    """Members run in order of `cost` (here reversed: the chunks hold members 4 3, 2 1,
+    0) and come back in the caller's."""
+    from daeadjoint import _ensemble
+
+    x = np.arange(5 * 50, dtype=np.float64).reshape(5, 50)
+    chunks, padded = [], _ensemble._padded
+
+    def spy(x_, rows, size):
+        out = padded(x_, rows, size)
+        chunks.append(list(out[:rows.stop - rows.start, 0] // 50))
+        return out
+
+    monkeypatch.setattr(_ensemble, "_padded", spy)
+    seen = []
+    out = dae.ensemble(_outer, x, chunk_size=2, cost=-np.arange(5.0),
+                       progress=lambda d, t: seen.append(d))
+    assert seen == [2, 4, 5]
+    assert chunks == [[4, 3], [2, 1], [0]]
+    np.testing.assert_array_equal(out, np.einsum("bi,bj->bij", x, x))
+    with pytest.raises(ValueError, match="one entry per member"):
+        dae.ensemble(_outer, x, cost=np.ones(4))
