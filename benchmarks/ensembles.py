@@ -1,7 +1,8 @@
 """Ensembles of Robertson problems: per-member throughput of `jax.jit(jax.vmap)`,
 `daeadjoint.ensemble` (chunked, split over the local devices) and `vmap(grad)`, against a
 loop of compiled IDAS calls (casadi) and diffsol-jax's vmap where installed; and a
-heterogeneous batch (p1 over four decades) against a homogeneous one.
+heterogeneous batch (p1 over four decades) against a homogeneous one, and in chunks
+as given or sorted by cost (`ensemble(cost=...)`).
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/ensembles.py --quick           # 16 members
     OPENBLAS_NUM_THREADS=1 python benchmarks/ensembles.py -n 256 --host-devices 4
@@ -42,6 +43,7 @@ if ARGS.host_devices:
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the working-tree daeadjoint
 
+import functools  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -67,7 +69,7 @@ def _median_wall(fn, repeats):
 
 def _row(label, n, wall, compile_s=None, note=""):
     comp = "" if compile_s is None else f"{compile_s:8.1f}"
-    print(f"{label:<44} {n:>6} {wall:10.3f} {1e3 * wall / n:12.3f} {n / wall:12.1f} "
+    print(f"{label:<50} {n:>6} {wall:10.3f} {1e3 * wall / n:12.3f} {n / wall:12.1f} "
           f"{comp:>9}  {note}", flush=True)
 
 
@@ -81,7 +83,7 @@ def main():
     hetero[:, 0] *= 10.0 ** np.linspace(-2.0, 2.0, n)
     print(f"backend {jax.default_backend()}, {jax.device_count()} device(s): "
           f"{jax.devices()[0].device_kind}; {n} members; jax {jax.__version__}")
-    print(f"{'':<44} {'n':>6} {'wall s':>10} {'ms/member':>12} {'members/s':>12} "
+    print(f"{'':<50} {'n':>6} {'wall s':>10} {'ms/member':>12} {'members/s':>12} "
           f"{'compile s':>9}")
 
     # jit(vmap(solve)), one device.
@@ -115,6 +117,14 @@ def main():
     per_step_u = wall_vm / steps_u.sum()
     print(f"  heterogeneous / homogeneous cost per member-step: {per_step_h / per_step_u:.2f} "
           f"(lock-step bound: max/mean steps {steps_h.max() / steps_h.mean():.2f})")
+
+    # The same heterogeneous batch in chunks of n/4, in the given order and sorted by
+    # cost (here each member's own step count, a perfect pilot).
+    q = max(n // 4, 1)
+    dae.ensemble(solve, hetero, chunk_size=q)       # compile
+    for label, cost in (("as given", None), ("sorted by steps", steps_h)):
+        run = functools.partial(dae.ensemble, solve, hetero, chunk_size=q, cost=cost)
+        _row(f"ensemble, chunks of {q}, p1/4 decades, {label}", n, _median_wall(run, repeats))
 
     if not ARGS.no_grad:
         g = jax.grad(lambda a: jnp.sum(solve(a)[0][-1]))
