@@ -67,10 +67,11 @@ def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
     (and reused by later calls with the same function object and chunk shape: make
     `jax.grad(loss)` once, not in each call). Call it outside `jax.jit`: it moves each
     chunk's results to the host.
-    Members are independent: each gets the result of its own unbatched call, up to
-    rounding (a vmapped solve takes the batch's expensive branches, e.g. a Jacobian
-    refresh, whenever any member needs them, but each member's values follow its own
-    step sequence). Call `solve` inside `fn` with `throw=False` so that a failing member
+    Each member gets the result of its own unbatched call to within the solver's
+    tolerance (a vmapped solve takes the batch's expensive branches, e.g. a Jacobian
+    refresh, whenever any member needs them, which moves a member's Newton iterates
+    within their convergence test: results depend slightly on the chunk's and devices'
+    composition). Call `solve` inside `fn` with `throw=False` so that a failing member
     reports its status (`sol.result`; derivatives NaN) instead of stopping the ensemble
     with an error; `solve_ensemble` does this for a plain solve.
 
