@@ -4,6 +4,7 @@ F(t, y, y', args) = 0 in the SUNDIALS IDAS tradition."""
 from ._derivatives.adjoint import Adjoint
 from ._derivatives.discrete_adjoint import DiscreteAdjoint
 from ._derivatives.forward_sensitivity import ForwardSensitivity
+from ._ensemble import ensemble, solve_ensemble
 from ._events import Event
 from ._linalg.banded import BandedLU
 from ._linalg.jacobian import Sparsity, SparsityDetectionError
@@ -14,7 +15,7 @@ from ._results import RESULTS
 from ._solution import EventRoots, Solution
 from ._solve import solve
 
-__all__ = ["solve", "Solution", "RESULTS", "DenseLU", "BandedLU", "SparseLU", "Krylov",
+__all__ = ["solve", "solve_ensemble", "ensemble", "Solution", "RESULTS", "DenseLU", "BandedLU", "SparseLU", "Krylov",
            "Preconditioner", "AbstractPreconditioner", "Sparsity", "SparsityDetectionError",
            "default_linear_solver", "AbstractLinearSolver", "Adjoint", "DiscreteAdjoint",
            "Event", "EventRoots", "ForwardSensitivity"]

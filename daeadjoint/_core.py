@@ -60,6 +60,10 @@ class Config(eqx.Module):
     check_algebraic: bool = eqx.field(static=True, default=False)
     # Index-2 variables were declared (`Inputs.index2`): derivatives are refused.
     index2: bool = eqx.field(static=True, default=False)
+    # `solve` was called under a `vmap` over an explicitly sharded mesh axis: the
+    # primal run is a primitive too (`autodiff.forward_p`), so that every integration
+    # of the batch is split over the devices by `shard_map` (`batching.py`).
+    explicit_batch: bool = eqx.field(static=True, default=False)
 
 
 class Inputs(eqx.Module):

@@ -50,7 +50,16 @@ Not here: the names `jax.core` still exports as public (`ShapedArray`, `Tracer`,
    and falls back to it for anything else. Without the replacement `jacfwd`/`jacrev`
    run one integration per direction; if the rules' calling convention changes (the
    `AxisData` with its `.size`, value and dimension lists), batched derivatives fail.
-6. **JAX's primitive-definition API** (`jax.extend.core.Primitive` and the
+6. **The trace stack** (`jax._src.core.trace_ctx`, each trace's `parent_trace` and a
+   `BatchTrace`'s `axis_data.explicit_mesh_axis`): `explicit_batch_axis` tells `solve`
+   that it runs under a `vmap` whose batch axis is an explicitly sharded mesh axis (the
+   default of `jax.make_mesh`). Its integrations are then primitives whose batching
+   rules split the batch over the devices with `shard_map` (`_derivatives/batching.py`):
+   JAX's own batching of a `while_loop` over an explicitly sharded axis failed in
+   tracing (carries and buffers created unsharded, updated with sharded values). Without
+   the check, explicitly sharded batches fail to trace; if JAX renames these
+   attributes, it returns None and such batches fail the same way.
+7. **JAX's primitive-definition API** (`jax.extend.core.Primitive` and the
    `jax.interpreters.ad`/`batching`/`mlir` rule tables): the band LU and KLU solves are
    primitives lowered to XLA custom calls, with their own JVP, transpose and batching
    rules (as in JAX's guide to defining primitives). Without them those solvers cannot
@@ -91,7 +100,9 @@ __all__ = [
     "set_partial_eval_rule",
     # 5.
     "batching_rule", "set_batching_rule",
-    # 6. (and UndefinedPrimal for the filtered primitives' transpose rules)
+    # 6.
+    "explicit_batch_axis", "batch_explicit_axis", "shaped_array",
+    # 7. (and UndefinedPrimal for the filtered primitives' transpose rules)
     "Primitive", "ad", "batching", "mlir", "UndefinedPrimal",
 ]
 
@@ -163,7 +174,54 @@ def set_batching_rule(prim, rule: Callable[..., Any]) -> None:
     batching.fancy_primitive_batchers[prim] = rule
 
 
-# -------------------------------------------- 6. primitive-definition API
+# ------------------------------------------------------------ 6. the trace stack
+
+
+def explicit_batch_axis():
+    """The mesh axis (a tuple of names) of the innermost enclosing `vmap` whose batch
+    is explicitly sharded, or None: read from the current trace and its parents. (A
+    `jit` between the `vmap` and the call hides it — the jitted function is traced
+    unbatched first —, so `solve` also checks the mesh in context, `jax.set_mesh`.)"""
+    from jax._src import core as _core
+    trace = _core.trace_ctx.trace
+    for _ in range(1000):   # the stack is finite; the bound guards a cyclic parent
+        if trace is None:
+            return None
+        data = getattr(trace, "axis_data", None)
+        if data is not None:
+            try:
+                axis = data.explicit_mesh_axis
+            except (AttributeError, KeyError, AssertionError):
+                axis = None
+            if axis is not None:
+                return axis
+        trace = getattr(trace, "parent_trace", None)
+    return None
+
+
+def batch_explicit_axis(axis_data):
+    """The explicitly sharded mesh axis a batching rule's `axis_data` batches over, or
+    None (a plain `vmap`, or an axis of an `Auto` mesh)."""
+    try:
+        return axis_data.explicit_mesh_axis
+    except (AttributeError, KeyError, AssertionError):
+        return None
+
+
+def shaped_array(shape, dtype):
+    """The abstract value of a primitive's output: `ShapedArray` on the mesh in context
+    (`jax.set_mesh`, or a `shard_map`'s), replicated. (Public API, kept beside the trace
+    checks above because it serves the same purpose: an output on the empty mesh cannot
+    be batched along an explicitly sharded axis — `vmap` names that axis in its
+    sharding, and fails when the mesh lacks it.)"""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return jax.core.ShapedArray(shape, dtype)
+    return jax.core.ShapedArray(shape, dtype, sharding=jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec()))
+
+
+# -------------------------------------------- 7. primitive-definition API
 
 Primitive = jax.extend.core.Primitive
 UndefinedPrimal = ad.UndefinedPrimal

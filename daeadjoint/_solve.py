@@ -22,6 +22,7 @@ from ._derivatives.autodiff import solve_core
 from ._derivatives.discrete_adjoint import DiscreteAdjoint
 from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
+from ._jax_internals import explicit_batch_axis
 from ._index2 import check_index2_mask, index2_check, project
 from ._initialization import SUCCESS, InitMode, failure_messages, message_index
 from ._linalg.linear_solver import AbstractLinearSolver
@@ -161,7 +162,10 @@ def _failure_message(sol, init_info, config, inputs):
     if config.init is not None:
         reason, worst = init_info
         n = inputs.y0.shape[0]
-        is_y = unknown_mask(config.init, inputs.algebraic)[jnp.clip(worst, 0, n - 1)]
+        # A one-hot select rather than an index: a gather of an unbatched mask at a
+        # batched index has no unambiguous sharding in an explicitly sharded vmap.
+        is_y = jnp.any(unknown_mask(config.init, inputs.algebraic)
+                       & (jnp.arange(n) == jnp.clip(worst, 0, n - 1)))
         init_failed = (reason != SUCCESS) & (result == RESULTS.initialization_failed)
         init_msgs = failure_messages(config.init)
         index = jnp.where(init_failed, message_index(reason, worst, is_y) + len(msgs), index)
@@ -208,6 +212,23 @@ def _raise_on_failure(sol, init_info, config, inputs):
             raise eqx.EquinoxRuntimeError(message)
         return sol
     return eqx.branched_error_if(sol, failed, index, msgs)
+
+
+def _explicit_batch() -> bool:
+    """Whether this solve runs under a `vmap` over an explicitly sharded mesh axis (or in
+    a `jax.set_mesh` context with explicit axes, where a `jit` may hide the `vmap`):
+    then its integrations are primitives batched by `shard_map` (`batching.py`)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    axis = explicit_batch_axis()
+    if axis is not None and mesh.empty:
+        # JAX's batching along an explicit axis needs the mesh in context (without it
+        # even a plain vmapped while_loop fails, naming an axis "not found in mesh: ()").
+        raise ValueError(
+            f"daeadjoint: `solve` is vmapped over a batch sharded along the explicit mesh "
+            f"axis {axis} without a mesh in context: call it inside `with "
+            "jax.set_mesh(mesh):`, or make the mesh with "
+            "`axis_types=(jax.sharding.AxisType.Auto, ...)`.")
+    return axis is not None or (not mesh.empty and bool(mesh.explicit_axes))
 
 
 def _structural_algebraic(residual, t0, y0, yp0, args, default):
@@ -436,7 +457,7 @@ def solve(
         quad_error_control=bool(quad_error_control), order=DENSE_ORDER, throw=bool(throw),
         max_order=int(max_order), event=event,
         progress=(100 if progress is True else int(progress)),
-        auto_split=auto_split,
+        auto_split=auto_split, explicit_batch=_explicit_batch(),
         dense=(2 if dense else (1 if steps else 0)), check_algebraic=check_algebraic,
         index2=index2_mask is not None)
     inputs = Inputs(t0=t0, t1=t1, y0=y0, yp0=yp0, args=args, saveat=saveat,

@@ -203,3 +203,29 @@ def test_primitive_definition_api(table):
     assert hasattr(getattr(ji, module), name), (
         f"jax.interpreters.{table} is gone: the band LU and KLU primitives cannot be "
         "registered (see daeadjoint/_jax_internals.py, item 6)")
+
+
+def test_explicit_batch_axis_reads_the_trace_stack():
+    """`explicit_batch_axis` finds a `vmap` over an explicitly sharded mesh axis through
+    the traces between it and the call (here `grad`), and nothing for a plain `vmap` or
+    an `Auto` axis. (A one-device mesh: the axis type, not the device count, matters.)"""
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    seen = []
+
+    def g(x):
+        seen.append(ji.explicit_batch_axis())
+        return x * 2.0
+
+    x = np.ones((2, 3))
+    for axis_type in (AxisType.Explicit, AxisType.Auto):
+        mesh = jax.make_mesh((1,), ("b",), axis_types=(axis_type,))
+        xs = jax.device_put(x, NamedSharding(mesh, P("b")))
+        with jax.set_mesh(mesh):
+            jax.jit(jax.vmap(g))(xs)
+            jax.jit(jax.vmap(jax.grad(lambda v: g(v).sum())))(xs)
+    jax.vmap(g)(x)
+    assert seen == [("b",), ("b",), None, None, None], (
+        f"explicit_batch_axis saw {seen}: jax's trace stack (trace_ctx.trace, "
+        "parent_trace, BatchTrace.axis_data.explicit_mesh_axis) changed")

@@ -54,7 +54,7 @@ from .._core import Inputs, Tangents, run, run_forward, run_tangent
 from .._events import event_tangents
 from .._jax_internals import (UndefinedPrimal, being_linearized, create_vprim,
                               filter_primitive_bind, filter_primitive_def, filter_primitive_jvp,
-                              filter_primitive_transpose, set_partial_eval_rule)
+                              filter_primitive_transpose, set_partial_eval_rule, shaped_array)
 from .._results import RESULTS, succeeded
 from .augmented import AugmentedSolver, augmented_quadrature, augmented_residual
 from .forward_sensitivity import direction_scale, sensitivity_atol
@@ -78,7 +78,10 @@ def _core_function(static, record: bool):
     @jax.custom_jvp
     def core(dyn):
         config, inputs = eqx.combine(dyn, static)
-        out, rec = run_forward(config, inputs, record=record)
+        if config.explicit_batch:
+            out, rec = filter_primitive_bind(forward_p, config, inputs, record)
+        else:
+            out, rec = run_forward(config, inputs, record=record)
         return (out, rec) if record else out
 
     def core_jvp(primals, tangents):
@@ -117,6 +120,50 @@ def _core_function(static, record: bool):
     return core
 
 
+# ------------------------------------------- the primal run as a primitive (sharded batches)
+
+
+def _forward_impl(config, inputs, record):
+    return run_forward(config, inputs, record=record)
+
+
+def _forward_abstract(config, inputs, record):
+    def shaped(x):
+        return shaped_array(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x
+
+    def struct(x):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.core.ShapedArray) else x
+
+    args = jax.tree_util.tree_map(struct, (config, inputs))
+    out = eqx.filter_eval_shape(_forward_impl, *args, record)
+    return jax.tree_util.tree_map(shaped, out)
+
+
+def _forward_jvp(primals, tangents):
+    raise NotImplementedError(
+        "daeadjoint internal error: the primal run was differentiated directly; its "
+        "derivatives come from the custom_jvp around it.")
+
+
+def _forward_transpose(inputs_all, cts_out):
+    raise NotImplementedError("daeadjoint internal error: the primal run is not linear.")
+
+
+# The primal run (`run_forward`) as a primitive, used where `solve` runs under a `vmap`
+# whose batch axis is an explicitly sharded mesh axis (`Config.explicit_batch`): its
+# batching rule (`batching.py`) then splits the batch over the devices with `shard_map`
+# and vmaps each device's part, instead of JAX vmapping the integrator's loops over an
+# explicitly sharded axis. Elsewhere the run is traced inline (one trace fewer: this
+# primitive's abstract evaluation traces the whole integrator once more).
+forward_p = create_vprim(
+    "daeadjoint_forward",
+    filter_primitive_def(_forward_impl),
+    filter_primitive_def(_forward_abstract),
+    filter_primitive_jvp(_forward_jvp),
+    filter_primitive_transpose(materialise_zeros=False)(_forward_transpose),
+)
+
+
 # --------------------------------------- pure forward mode: the primal and L(x) ẋ at once
 
 
@@ -146,7 +193,7 @@ def _primal_tangent_impl(config, inputs, t, ndir):
 
 def _primal_tangent_abstract(config, inputs, t, ndir):
     def shaped(x):
-        return jax.core.ShapedArray(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x
+        return shaped_array(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x
     def struct(x):
         return jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.core.ShapedArray) else x
     args = jax.tree_util.tree_map(struct, (config, inputs, t))
@@ -299,10 +346,10 @@ def _tangent_abstract(config, inputs, rec, t, ndir):
     dtype = inputs.y0.dtype
     m = inputs.saveat.shape[0]
     R = 0 if config.event is None else config.event.n_roots
-    return (jax.core.ShapedArray(lead + (m, config.order + 1, n), dtype),
-            jax.core.ShapedArray(lead + (m, nq), dtype),
-            jax.core.ShapedArray(lead + (R,), dtype),
-            jax.core.ShapedArray(lead + (R, config.order + 2, n), dtype))
+    return (shaped_array(lead + (m, config.order + 1, n), dtype),
+            shaped_array(lead + (m, nq), dtype),
+            shaped_array(lead + (R,), dtype),
+            shaped_array(lead + (R, config.order + 2, n), dtype))
 
 
 def _tangent_jvp(primals, tangents):
@@ -404,8 +451,10 @@ def _cotangent_impl(config, inputs, rec, ct, wanted, ndir):
 
 def _cotangent_abstract(config, inputs, rec, ct, wanted, ndir):
     lead = _lead(ndir)
-    full = _full(inputs, None)
-    shape = lambda x: jax.core.ShapedArray(lead + jnp.shape(x), jnp.result_type(x))  # noqa: E731
+    # Traced, not evaluated: abstract evaluation may run inside a `shard_map` (a
+    # sharded batch), where JAX cannot place concrete arrays.
+    full = jax.eval_shape(lambda: _full(inputs, None))
+    shape = lambda x: shaped_array(lead + jnp.shape(x), jnp.result_type(x))  # noqa: E731
     return _restrict(jax.tree_util.tree_map(shape, full), wanted)
 
 

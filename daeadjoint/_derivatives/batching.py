@@ -1,16 +1,21 @@
 """The batching rules of `autodiff.py`'s primitives. A batch of the linear operand alone
 (tangents under `jacfwd`, cotangents under `jacrev`, directions of a Hessian-vector
 product) is folded into the directions of one integration; anything else is vmapped as
-`equinox.internal.create_vprim` would. Importing this module installs the rules (`_solve`
+`equinox.internal.create_vprim` would. A batch along an explicitly sharded mesh axis
+(`jax.make_mesh`'s default axis type) is split over the devices first (`_shard_mapped`:
+`shard_map` of a per-device `vmap`). Importing this module installs the rules (`_solve`
 imports it); replacing a primitive's batching rule is one of the internals of JAX that
 `_jax_internals.py` gathers."""
 
+import math
+
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
-from .._jax_internals import (MISSING, batching_rule, filter_primitive_bind, set_batching_rule,
-                              unflatten_operands)
-from .autodiff import _unfused, cotangent_p, hessian_p, primal_tangent_p, tangent_p
+from .._jax_internals import (MISSING, batch_explicit_axis, batching_rule, filter_primitive_bind,
+                              set_batching_rule, unflatten_operands)
+from .autodiff import _unfused, cotangent_p, forward_p, hessian_p, primal_tangent_p, tangent_p
 
 # ------------------------------------------------------------------- batching rules
 
@@ -22,7 +27,8 @@ def _dims_tree(dims, static, treedef):
 
 
 # equinox's rules (vmap of the primitives' rules), read before they are replaced below.
-_vprim_rules = {p: batching_rule(p) for p in (tangent_p, cotangent_p, hessian_p, primal_tangent_p)}
+_vprim_rules = {p: batching_rule(p)
+                for p in (tangent_p, cotangent_p, hessian_p, primal_tangent_p, forward_p)}
 # Which operand of each primitive is linear (tangent, cotangent, direction).
 _LINEAR = {tangent_p: 3, cotangent_p: 3, hessian_p: 3, primal_tangent_p: 2}
 
@@ -45,7 +51,8 @@ def _vmapped(prim, axis_data, vals, dims, params):
     flat_idx = [next(counter) if s is MISSING else None for s in params["static"]]
     tree_idx = jax.tree_util.tree_unflatten(params["treedef"], flat_idx)
     vals, dims = list(vals), list(dims)
-    for i in jax.tree_util.tree_leaves(tree_idx[_LINEAR[prim]]):
+    linear = tree_idx[_LINEAR[prim]] if prim in _LINEAR else None
+    for i in jax.tree_util.tree_leaves(linear):
         if dims[i] is None:
             vals[i] = jnp.broadcast_to(vals[i], (axis_data.size,) + jnp.shape(vals[i]))
             dims[i] = 0
@@ -149,7 +156,43 @@ def _fallback_batch(prim):
     return rule
 
 
-set_batching_rule(tangent_p, _tangent_batch)
-set_batching_rule(primal_tangent_p, _primal_tangent_batch)
-set_batching_rule(cotangent_p, _fold_batch(cotangent_p, 3))
-set_batching_rule(hessian_p, _fallback_batch(hessian_p))
+def _shard_mapped(prim, rule):
+    """`rule`, except for a batch along an explicitly sharded mesh axis (`jax.make_mesh`'s
+    default): there each device integrates its own members, `shard_map` over that axis
+    of a plain `vmap` over the device's members (which `rule` batches). The devices'
+    loops are independent (no collective per step), and no integrator loop is batched
+    along an explicitly sharded axis (JAX's batching of a `while_loop` there creates
+    its carries unsharded and fails)."""
+    def sharded_rule(axis_data, vals, dims, **params):
+        axis = batch_explicit_axis(axis_data)
+        if axis is None or all(d is None for d in dims):
+            return rule(axis_data, vals, dims, **params)
+        size = axis_data.size
+        ref = next(v for v, d in zip(vals, dims) if d is not None)
+        mesh = jax.typeof(ref).sharding.mesh
+        names = axis if isinstance(axis, tuple) else (axis,)
+        shards = math.prod(mesh.shape[a] for a in names)
+        if size % shards:   # JAX refuses such shardings; a clear message if one slips by
+            raise ValueError(
+                f"daeadjoint: a batch of {size} members cannot be split evenly over the "
+                f"{shards} devices of mesh axis {axis}.")
+        spec = PartitionSpec(axis if len(names) > 1 else names[0])
+        vals = [v if d is None else jnp.moveaxis(v, d, 0) for v, d in zip(vals, dims)]
+        in_axes = [None if d is None else 0 for d in dims]
+
+        def local(*vs):
+            return jax.vmap(lambda *u: prim.bind(*u, **params), in_axes=in_axes)(*vs)
+
+        out = jax.shard_map(
+            local, mesh=mesh, in_specs=tuple(spec if d is not None else PartitionSpec()
+                                             for d in dims),
+            out_specs=spec, axis_names=set(names), check_vma=False)(*vals)
+        return list(out), [0] * len(out)
+    return sharded_rule
+
+
+set_batching_rule(tangent_p, _shard_mapped(tangent_p, _tangent_batch))
+set_batching_rule(primal_tangent_p, _shard_mapped(primal_tangent_p, _primal_tangent_batch))
+set_batching_rule(cotangent_p, _shard_mapped(cotangent_p, _fold_batch(cotangent_p, 3)))
+set_batching_rule(hessian_p, _shard_mapped(hessian_p, _fallback_batch(hessian_p)))
+set_batching_rule(forward_p, _shard_mapped(forward_p, _fallback_batch(forward_p)))

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from .._jax_internals import Primitive, ad, batching, mlir
+from .._jax_internals import Primitive, ad, batching, mlir, shaped_array
 from . import lapack_ffi
 from .jacobian import Sparsity
 
@@ -141,7 +141,7 @@ def _abstract_eval(band, lu, ipiv, rhs, *, lower, upper, transpose):
     if band.shape != lu.shape or (band.ndim > 2 and band.shape[:-2] != rhs.shape[:-1]):
         raise ValueError(f"band_solve: matrices {band.shape} do not match the right-hand "
                          f"sides {rhs.shape}.")
-    return jax.core.ShapedArray(rhs.shape, rhs.dtype)
+    return shaped_array(rhs.shape, rhs.dtype)
 
 
 def band_matvec(band, x, *, lower, upper, transpose=False):

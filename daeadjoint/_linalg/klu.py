@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._jax_internals import Primitive, ad, batching, mlir
+from .._jax_internals import Primitive, ad, batching, mlir, shaped_array
 from .jacobian import Sparsity
 
 
@@ -120,7 +120,7 @@ def _klu_solve_abstract_eval(values, rhs, *, plan, transpose):
     if values.ndim > 1 and values.shape[:-1] != rhs.shape[:-1]:
         raise ValueError(f"klu_solve: batch axes of values {values.shape} and rhs "
                          f"{rhs.shape} differ.")
-    return jax.core.ShapedArray(rhs.shape, rhs.dtype)
+    return shaped_array(rhs.shape, rhs.dtype)
 
 
 def _klu_solve_batch(args, dims, *, plan, transpose):

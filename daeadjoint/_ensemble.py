@@ -1,0 +1,297 @@
+"""Ensembles: one function of a single member (a solve, or a derivative of a per-member
+loss) over a batch of members, in chunks of a fixed size, each chunk split over the local
+devices with independent per-device integrations.
+
+A chunk is `jax.vmap` of the function, so its members run in lock-step until the slowest
+one finishes; between devices nothing is shared (`shard_map` over a one-axis mesh of the
+devices: no collective operation per step, each device's loop ends when its own members
+are done). Chunks run one after another through one compiled program: the last chunk is
+padded to the chunk size with copies of its first member, whose results are dropped.
+"""
+
+import functools as ft
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from ._solution import Solution
+
+_AXIS = "ensemble"
+
+
+def _batch_size(xs) -> int:
+    leaves = [x for x in jax.tree_util.tree_leaves(xs) if eqx.is_array_like(x)]
+    if not leaves:
+        raise ValueError("daeadjoint.ensemble: the batched arguments contain no arrays; each "
+                         "array leaf must have the batch (members) as its leading axis.")
+    if any(np.ndim(x) == 0 for x in leaves):
+        raise ValueError("daeadjoint.ensemble: a batched argument is a scalar; every array "
+                         "leaf needs a leading batch axis (one entry per member).")
+    sizes = {int(np.shape(x)[0]) for x in leaves}
+    if len(sizes) != 1:
+        raise ValueError("daeadjoint.ensemble: the batched arguments disagree on the number of "
+                         f"members (leading axes {sorted(sizes)}).")
+    return sizes.pop()
+
+
+def _reporter(progress) -> Callable[[int, int, float], None] | None:
+    if progress is False or progress is None:
+        return None
+    if callable(progress):
+        return lambda done, total, elapsed: progress(done, total)
+
+    def report(done, total, elapsed):
+        eta = elapsed / done * (total - done) if done else float("nan")
+        print(f"daeadjoint.ensemble: {done}/{total} members, {elapsed:.1f} s elapsed, "
+              f"~{eta:.1f} s to go", file=sys.stderr, flush=True)
+    return report
+
+
+def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
+             memory_limit: int | None = None, devices: Sequence[Any] | None = None,
+             cost: Any = None, progress: bool | Callable[[int, int], Any] = False) -> Any:
+    r"""`fn` applied to every member of a batch: out[i] = fn(x₁[i], x₂[i], …).
+
+    For ensembles too large for one `jax.vmap` (memory), spread over several devices, or
+    worth a progress report. `fn` is one member's computation — a solve, or a derivative
+    of a per-member loss (`jax.grad(loss)`, `jax.jacfwd(f)`, `jax.jacrev(f)`,
+    `jax.value_and_grad(loss)`) — and is compiled once, as `jax.vmap(fn)` over a chunk
+    (and reused by later calls with the same function object and chunk shape: make
+    `jax.grad(loss)` once, not in each call). Call it outside `jax.jit`: it moves each
+    chunk's results to the host.
+    Each member gets the result of its own unbatched call to within the solver's
+    tolerance (a vmapped solve takes the batch's expensive branches, e.g. a Jacobian
+    refresh, whenever any member needs them, which moves a member's Newton iterates
+    within their convergence test: results depend slightly on the chunk's and devices'
+    composition). Call `solve` inside `fn` with `throw=False` so that a failing member
+    reports its status (`sol.result`; derivatives NaN) instead of stopping the ensemble
+    with an error; `solve_ensemble` does this for a plain solve.
+
+    **Arguments:**
+
+    - `fn`: the function of one member; its outputs a pytree of arrays.
+    - `*batched`: its arguments, pytrees whose array leaves all have the members as
+      their leading axis (close over what is shared: `lambda p: f(p, data)`).
+    - `chunk_size`: members per compiled call (default: all at once). It bounds memory:
+      a vmapped solve holds every member's state, Jacobian and (for derivatives)
+      checkpoints at once, so the peak memory grows linearly with the chunk. Rounded up
+      to a multiple of the number of devices; the last chunk is padded to it (one
+      compiled program for all chunks).
+    - `memory_limit`: bytes per device the chunk may use; the chunk is made no larger
+      than what XLA's memory analysis of a one-member-per-device program says fits
+      (that program's arguments, outputs and temporaries counted for every member: an
+      overestimate). One extra compilation.
+    - `devices`: where to run (default `jax.local_devices()`). With several, each chunk
+      is split evenly over them (`shard_map`: every device integrates its own members in
+      its own loop, no communication per step); a chunk smaller than the number of
+      devices is padded.
+    - `cost`: a predicted cost per member (e.g. `sol.stats["num_steps"]` of a cheap
+      pilot run at a loose tolerance). The members are then run in order of cost, so
+      that each chunk, and each device's share of it, holds members of similar cost and
+      its lock-step loop wastes little on waiting for its slowest member; the results
+      come back in the original order.
+    - `progress`: True prints the members done, time elapsed and an estimate of the time
+      left (to stderr) after each chunk; a callable is called as `progress(done, total)`.
+
+    **Returns:** `fn`'s outputs stacked along a new leading axis of the batch size (as
+    `jax.vmap(fn)(*batched)`), on the host's default device.
+    """
+    # Array leaves carry the members; any other leaf (e.g. a static int in `args`) is
+    # shared by all of them.
+    dyn, static = eqx.partition(batched, eqx.is_array)
+    total = _batch_size(dyn)
+    order = None
+    if cost is not None:
+        cost = np.asarray(cost)
+        if cost.shape != (total,):
+            raise ValueError(f"daeadjoint.ensemble: `cost` must have one entry per member "
+                             f"({total},), got shape {cost.shape}.")
+        order = np.argsort(cost, kind="stable")
+        dyn = jax.tree_util.tree_map(lambda x: np.asarray(x)[order], dyn)
+    devices = list(jax.local_devices() if devices is None else devices)
+    if not devices:
+        raise ValueError("daeadjoint.ensemble: `devices` is empty.")
+    ndev = len(devices)
+    if chunk_size is None:
+        chunk_size = total
+    if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ValueError(f"daeadjoint.ensemble: chunk_size must be a positive integer, got "
+                         f"{chunk_size!r}.")
+    function, leading, place = _compiled(fn, static, devices)
+    if memory_limit is not None:
+        per_device = _members_in(memory_limit, function, leading, place, dyn, ndev)
+        chunk_size = min(chunk_size, per_device * ndev)
+    chunk = ndev * math.ceil(min(int(chunk_size), total) / ndev)
+    report = _reporter(progress)
+
+    outs = []
+    start = time.perf_counter()
+    for lo in range(0, total, chunk):
+        hi = min(lo + chunk, total)
+        rows = slice(lo, hi)
+        part = jax.tree_util.tree_map(ft.partial(_padded, rows=rows, size=chunk), dyn)
+        out_dyn, out_static = eqx.partition(function(*leading, place(part)), eqx.is_array)
+        # To the host: device memory holds one chunk at a time.
+        outs.append(jax.tree_util.tree_map(ft.partial(_first, n=hi - lo), out_dyn))
+        if report is not None:
+            report(hi, total, time.perf_counter() - start)
+    stacked = jax.tree_util.tree_map(lambda *o: np.concatenate(o), *outs)
+    if order is not None:      # back to the caller's order
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(total)
+        stacked = jax.tree_util.tree_map(lambda o: o[inverse], stacked)
+    return eqx.combine(jax.tree_util.tree_map(jnp.asarray, stacked), out_static)
+
+
+def _padded(x, rows: slice, size: int):
+    """x[rows] padded to `size` rows with copies of its first row."""
+    x = np.asarray(x)[rows]
+    if x.shape[0] == size:
+        return x
+    return np.concatenate([x, np.repeat(x[:1], size - x.shape[0], axis=0)])
+
+
+def _first(x, n: int):
+    return np.asarray(x)[:n]
+
+
+def _member_batch(fn, static):
+    return jax.vmap(lambda *d: fn(*eqx.combine(d, static)))
+
+
+# Module-level compiled functions, `fn`, `static` and the mesh as static arguments: a
+# second `ensemble` call with the same function reuses the compiled chunk.
+@eqx.filter_jit
+def _chunk_on_one_device(fn, static, part):
+    return _member_batch(fn, static)(*part)
+
+
+@eqx.filter_jit
+def _chunk_sharded(fn, static, mesh, part):
+    rest = []
+
+    def local(*d):   # shard_map returns arrays only: keep the rest aside
+        out, out_static = eqx.partition(_member_batch(fn, static)(*d), eqx.is_array)
+        rest.append(out_static)
+        return out
+
+    spec = PartitionSpec(_AXIS)
+    # Inside shard_map the axis is manual: each device vmaps its own members, and the
+    # solver's loops see no sharded axis (no collective per step).
+    out = jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec,
+                        check_vma=False)(*part)
+    return eqx.combine(out, rest[0])
+
+
+def _compiled(fn, static, devices):
+    """(compiled function, its leading static arguments, placement of a chunk's inputs):
+    `function(*leading, place(part))` gives fn's outputs for the chunk's members."""
+    if len(devices) == 1:
+        dev = devices[0]
+        return _chunk_on_one_device, (fn, static), lambda part: jax.device_put(part, dev)
+    mesh = jax.sharding.Mesh(np.asarray(devices), (_AXIS,), axis_types=(AxisType.Explicit,))
+    sharding = NamedSharding(mesh, PartitionSpec(_AXIS))
+    return _chunk_sharded, (fn, static, mesh), lambda part: jax.device_put(part, sharding)
+
+
+def _members_in(memory_limit: int, function, leading, place, dyn, ndev: int) -> int:
+    """Members per device that fit `memory_limit` bytes per device: XLA's memory
+    analysis (arguments, outputs, temporaries) of the program for one member per device,
+    taken as the cost of each member (an overestimate: it includes what the members
+    share)."""
+    probe = jax.tree_util.tree_map(ft.partial(_padded, rows=slice(0, ndev), size=ndev), dyn)
+    stats = function.lower(*leading, place(probe)).compile().compiled.memory_analysis()
+    per_member = (stats.argument_size_in_bytes + stats.output_size_in_bytes
+                  + stats.temp_size_in_bytes)
+    fit = int(memory_limit) // max(per_member, 1)
+    if fit < 1:
+        raise ValueError(f"daeadjoint.ensemble: memory_limit={memory_limit} bytes is less "
+                         f"than one member needs ({per_member} bytes per device).")
+    return fit
+
+
+def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *,
+                   batch: Sequence[str] = ("y0", "args"), chunk_size: int | None = None,
+                   memory_limit: int | None = None, devices: Sequence[Any] | None = None,
+                   cost: Any = None, progress: bool | Callable[[int, int], Any] = False,
+                   **solve_kwargs: Any) -> Solution:
+    r"""`solve` for every member of a batch of initial values and/or parameters, with
+    per-member statuses (`ensemble` of `solve`, `throw=False` by default).
+
+    **Arguments:**
+
+    - `residual`, `t0`, `t1`, `y0`, `yp0`, `args`: as for `solve`, except that the
+      inputs named in `batch` carry the members along a leading axis: `y0` (and `yp0`)
+      of shape (members, n), every array leaf of `args` with the members first.
+    - `batch`: which of `"t0"`, `"t1"`, `"y0"`, `"yp0"`, `"args"` are batched
+      (default `("y0", "args")`; a `y0` of shape (n,) or `args=None` is then shared by
+      all members). The others are shared.
+    - `chunk_size`, `memory_limit`, `devices`, `cost`, `progress`: as for `ensemble`.
+    - `**solve_kwargs`: every other option of `solve` (`saveat`, `rtol`, `atol`,
+      `algebraic`, `sensitivity`, ...), shared by all members. `throw` defaults to False:
+      a failed member keeps its status in `result` and its partial solution (`inf` where
+      not reached), the others are unaffected.
+
+    **Returns:** a `Solution` whose arrays (`ys`, `yps`, `qs`, `stats`, `result`, ...)
+    have the members as their leading axis; `sol.result[i]` is member i's status
+    (`daeadjoint.RESULTS`), e.g. `sol.result == dae.RESULTS.successful`.
+    """
+    allowed = ("t0", "t1", "y0", "yp0", "args")
+    unknown = [b for b in batch if b not in allowed]
+    if unknown:
+        raise ValueError(f"daeadjoint.solve_ensemble: `batch` names {unknown}; allowed: "
+                         f"{list(allowed)}.")
+    from ._solve import solve
+    values = dict(t0=t0, t1=t1, y0=y0, yp0=yp0, args=args)
+    # A batched y0/yp0 is 2-D; a 1-D one (or args=None) is shared although named.
+    names = [b for b in batch if values[b] is not None
+             and not (b in ("y0", "yp0") and np.ndim(values[b]) == 1)]
+    if not names:
+        raise ValueError("daeadjoint.solve_ensemble: nothing is batched: pass `y0` of shape "
+                         "(members, n) or `args` whose array leaves have the members first "
+                         "(and name them in `batch`).")
+    shared = {k: v for k, v in values.items() if k not in names}
+    solve_kwargs.setdefault("throw", False)
+
+    def member(*xs):
+        kw = dict(shared, **dict(zip(names, xs)))
+        return solve(residual, kw.pop("t0"), kw.pop("t1"), kw.pop("y0"), kw.pop("yp0"),
+                     kw.pop("args"), **solve_kwargs)
+
+    # The same problem and options give the same `member` function, so that a repeated
+    # call reuses the compiled chunk (it bakes the shared values in as constants).
+    key = _key((residual, tuple(names), shared, solve_kwargs))
+    if key is not None:
+        member = _MEMBERS.setdefault(key, member)
+        if len(_MEMBERS) > 32:
+            _MEMBERS.pop(next(iter(_MEMBERS)))
+    return ensemble(member, *[values[b] for b in names], chunk_size=chunk_size,
+                    memory_limit=memory_limit, devices=devices, cost=cost, progress=progress)
+
+
+_MEMBERS: dict = {}
+
+
+def _key(tree):
+    """A hashable fingerprint of a pytree (arrays by shape, dtype and bytes), or None."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    out = []
+    for x in leaves:
+        if isinstance(x, (np.ndarray, jax.Array, np.generic)):
+            x = np.asarray(x)
+            out.append(("array", x.shape, x.dtype.str, x.tobytes()))
+        else:
+            try:
+                hash(x)
+            except TypeError:
+                return None
+            out.append(x)
+    return treedef, tuple(out)

@@ -1,0 +1,172 @@
+"""`solve_ensemble` and `ensemble` on one device: every member equals its own unbatched
+solve (or derivative), a failing member keeps its status, and chunking does not change
+the results. (Several devices: `test_sharding.py`.)
+
+Tolerance 1e-9 relative to each member's largest output: the per-member arithmetic is
+the same batched or not, but XLA compiles a vmapped program differently (fusion), and
+rounding differences pass through Newton's stopping test and the stiff problem
+(observed ≤ 1e-12); a member given another member's results (rate constants 15 % apart)
+would differ by more than 1e-3, and a different step sequence by ~1e-8 or more.
+
+Derivatives: 1e-6 (the sensitivities' own error control, rtol 1e-6). A batched
+`jacfwd` of batched primals runs the primal and the sensitivity integration apart
+(`batching._primal_tangent_batch`) where the unbatched one runs them fused, and the
+batch's shared branches (a Jacobian refresh for all members when one needs it) move
+the corrector's iterates within its convergence test: observed 1.3e-8."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import daeadjoint as dae
+
+TOL = 1e-9
+DTOL = 1e-6
+ALGEBRAIC = np.array([False, False, True])
+SAVEAT = np.array([0.5, 1.0])
+KW = dict(saveat=SAVEAT, algebraic=ALGEBRAIC, init="ya_ydp", rtol=1e-6, atol=1e-9)
+B = 6
+K = np.array([0.04, 1e4, 3e7]) * (1.0 + 0.15 * np.arange(B))[:, None]
+Y0 = np.tile([1.0, 0.0, 0.0], (B, 1)) * (1.0 - 0.01 * np.arange(B))[:, None]
+Y0[:, 2] = 1.0 - Y0[:, 0]
+BAD = 3                      # this member's y0 is NaN: status nonfinite_input
+Y0_BAD = Y0.copy()
+Y0_BAD[BAD, 0] = np.nan
+
+
+def robertson(t, y, yp, k):
+    return jnp.stack([
+        yp[0] + k[0] * y[0] - k[1] * y[1] * y[2],
+        yp[1] - k[0] * y[0] + k[1] * y[1] * y[2] + k[2] * y[1] ** 2,
+        y[0] + y[1] + y[2] - 1.0,
+    ])
+
+
+def member_ys(y0, k):
+    return dae.solve(robertson, 0.0, 1.0, y0, args=k, throw=False, **KW).ys
+
+
+single_solve = jax.jit(lambda y0, k: dae.solve(robertson, 0.0, 1.0, y0, args=k, throw=False, **KW))
+
+
+def _close(a, b, tol=TOL):
+    a, b = np.asarray(a), np.asarray(b)
+    return np.max(np.abs(a - b)) <= tol * np.max(np.abs(b))
+
+
+@pytest.fixture(scope="module")
+def chunked():
+    return dae.solve_ensemble(robertson, 0.0, 1.0, Y0_BAD, args=K, chunk_size=4, **KW)
+
+
+def test_members_equal_their_own_solves_and_a_failure_keeps_its_status(chunked):
+    ok = np.asarray(chunked.result == dae.RESULTS.successful)
+    assert chunked.ys.shape == (B, 2, 3)
+    assert list(ok) == [i != BAD for i in range(B)]
+    assert bool(chunked.result._value[BAD] == dae.RESULTS.nonfinite_input._value)
+    for i in range(B):
+        ref = single_solve(jnp.asarray(Y0_BAD[i]), jnp.asarray(K[i]))
+        assert bool(np.asarray(ref.result._value) == np.asarray(chunked.result._value[i]))
+        if i != BAD:
+            assert _close(chunked.ys[i], ref.ys), i
+            assert int(chunked.stats["num_steps"][i]) == int(ref.stats["num_steps"])
+
+
+def test_chunking_gives_the_results_of_one_chunk(chunked):
+    """Chunks of 4 (the last one padded) against all 6 members in one vmap."""
+    whole = dae.solve_ensemble(robertson, 0.0, 1.0, Y0_BAD, args=K, **KW)
+    good = np.arange(B) != BAD
+    assert _close(chunked.ys[good], whole.ys[good])
+    np.testing.assert_array_equal(np.asarray(chunked.result._value),
+                                  np.asarray(whole.result._value))
+
+
+def test_ensemble_of_jacfwd_and_progress():
+    """A derivative of a per-member function (forward sensitivities, y0 and k): each
+    member's Jacobian equals its unbatched one; the failing member's is NaN. Progress
+    is reported after each chunk."""
+    fn = jax.jacfwd(member_ys, argnums=(0, 1))
+    seen = []
+    jac = dae.ensemble(fn, Y0_BAD, K, chunk_size=4, progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(4, B), (B, B)]
+    single = jax.jit(fn)
+    for i in range(B):
+        ref = single(jnp.asarray(Y0_BAD[i]), jnp.asarray(K[i]))
+        for got, want in zip(jac, ref):
+            if i == BAD:
+                assert np.all(np.isnan(np.asarray(got[i])))
+            else:
+                assert _close(got[i], want, DTOL), i
+
+
+@pytest.mark.slow
+def test_ensemble_of_grad():
+    """The adjoint: grad of y1(1) w.r.t. k for each member."""
+    fn = jax.grad(lambda k, y0: member_ys(y0, k)[-1, 0])
+    g = dae.ensemble(fn, K, Y0_BAD, chunk_size=4)
+    single = jax.jit(fn)
+    for i in range(B):
+        ref = single(jnp.asarray(K[i]), jnp.asarray(Y0_BAD[i]))
+        if i == BAD:
+            assert np.all(np.isnan(np.asarray(g[i])))
+        else:
+            assert _close(g[i], ref, DTOL), i
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="disagree on the number of members"):
+        dae.ensemble(lambda a, b: a, np.ones((3, 2)), np.ones((4, 2)))
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+        dae.ensemble(lambda a: a, np.ones((3, 2)), chunk_size=0)
+    with pytest.raises(ValueError, match="no arrays"):
+        dae.ensemble(lambda a: a, None)
+    with pytest.raises(ValueError, match="allowed"):
+        dae.solve_ensemble(robertson, 0.0, 1.0, Y0, args=K, batch=("k",))
+    with pytest.raises(ValueError, match="nothing is batched"):
+        dae.solve_ensemble(robertson, 0.0, 1.0, Y0[0], args=None)
+
+
+def _outer(x):
+    return jnp.outer(x, x)
+
+
+def test_memory_limit_sets_the_chunk():
+    """One member of `_outer` at n = 50 holds its argument (400 bytes) and output (20 000
+    bytes, and 24 for XLA's output tuple), no temporaries; a limit of two members' worth
+    gives chunks of 2."""
+    x = np.arange(5 * 50, dtype=np.float64).reshape(5, 50)
+    seen = []
+    out = dae.ensemble(_outer, x, memory_limit=2 * 20424 + 1,
+                       progress=lambda d, t: seen.append(d))
+    assert seen == [2, 4, 5]
+    np.testing.assert_array_equal(out, np.einsum("bi,bj->bij", x, x))
+    seen.clear()
+    dae.ensemble(_outer, x, memory_limit=10**9, progress=lambda d, t: seen.append(d))
+    assert seen == [5]
+    with pytest.raises(ValueError, match="less than one member needs"):
+        dae.ensemble(_outer, x, memory_limit=100)
+
+
+def test_cost_order_returns_the_callers_order(monkeypatch):
+    """Members run in order of `cost` (here reversed: the chunks hold members 4 3, 2 1,
+    0) and come back in the caller's."""
+    from daeadjoint import _ensemble
+
+    x = np.arange(5 * 50, dtype=np.float64).reshape(5, 50)
+    chunks, padded = [], _ensemble._padded
+
+    def spy(x_, rows, size):
+        out = padded(x_, rows, size)
+        chunks.append(list(out[:rows.stop - rows.start, 0] // 50))
+        return out
+
+    monkeypatch.setattr(_ensemble, "_padded", spy)
+    seen = []
+    out = dae.ensemble(_outer, x, chunk_size=2, cost=-np.arange(5.0),
+                       progress=lambda d, t: seen.append(d))
+    assert seen == [2, 4, 5]
+    assert chunks == [[4, 3], [2, 1], [0]]
+    np.testing.assert_array_equal(out, np.einsum("bi,bj->bij", x, x))
+    with pytest.raises(ValueError, match="one entry per member"):
+        dae.ensemble(_outer, x, cost=np.ones(4))
