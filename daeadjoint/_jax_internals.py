@@ -55,6 +55,11 @@ Not here: the names `jax.core` still exports as public (`ShapedArray`, `Tracer`,
    primitives lowered to XLA custom calls, with their own JVP, transpose and batching
    rules (as in JAX's guide to defining primitives). Without them those solvers cannot
    be differentiated or batched.
+7. **`nondifferentiable_backward`** (`equinox.internal`): the identity, whose transpose
+   raises a given message. A delay DAE's forward-mode rule (`_delay/solve.py`) passes
+   its tangents through it, so that `jax.grad` of such a solve stops with a clear
+   error instead of JAX's failure to transpose the variational solve. Without it
+   reverse mode would fail with an internal message.
 """
 
 from collections.abc import Callable
@@ -85,6 +90,8 @@ __all__ = [
     "filter_primitive_transpose", "filter_primitive_bind", "MISSING", "unflatten_operands",
     # 2.
     "unvmap_any",
+    # 7.
+    "nondifferentiable_backward",
     # 3.
     "being_linearized",
     # 4.
@@ -115,6 +122,10 @@ def unflatten_operands(values, static, treedef):
 # --------------------------------------------------------------- 2. unvmap_any
 
 unvmap_any = eqxi.unvmap_any
+
+# ------------------------------------------------- 7. nondifferentiable_backward
+
+nondifferentiable_backward = eqxi.nondifferentiable_backward
 
 
 # ------------------------------------------------------ 3. linearization check
