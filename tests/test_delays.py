@@ -1,0 +1,317 @@
+"""Constant-lag delay DAEs (`solve(..., delays=, history=)`).
+
+Exact solutions by the method of steps:
+
+- y'(t) = −y(t − τ), y = c for t ≤ 0: on [(j−1)τ, jτ] the solution is a polynomial, and
+  summed over the pieces y(t) = c Σ_{k=0}^{⌊t/τ⌋+1} (−1)^k (t − (k−1)τ)^k / k!, whose
+  derivative in τ is exact too (the sum is C^⌊t/τ⌋ in τ at t = jτ, so the formula is
+  differentiable there). dy/dc = y/c (linear in c).
+- the same with the history h(t) = 1 + a t: its pieces are polynomials in t and a,
+  integrated exactly by sympy; dy(5)/da exactly.
+- the same equation written as a DAE, y1' = −z(t − 1), 0 = z − y1 (the lagged argument
+  is the algebraic variable): the same solution.
+
+Kermack–McKendrick (Calver & Enright, §3.2.2) against an independent solver: the
+method of steps with scipy's DOP853 at rtol = atol = 1e-13 on the unit intervals
+between its breaking points (all integers, since τ1 = 1 and τ2 = 10).
+
+Tolerances: the bound 100·tol of the library's exact-solution tests (the global error of
+an integration over five delays, each restart at a breaking point included, is a modest
+multiple of the local tolerance).
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import daeadjoint as dae
+
+T = 5.0
+SAVEAT = jnp.array([0.5, 1.0, 1.5, 2.3, 3.0, 3.7, 4.2, 5.0])
+
+
+def retarded(t, y, yp, y_lag, args):
+    """y'(t) = −y(t − τ)."""
+    return yp + y_lag[0]
+
+
+def first_arg(p):
+    return p[:1]
+
+
+def exact(t, tau=1.0, c=1.0):
+    return c * sum((-1) ** k * (t - (k - 1) * tau) ** k / math.factorial(k)
+                   for k in range(int(t / tau) + 2))
+
+
+def exact_dtau(t, tau=1.0, c=1.0):
+    return c * sum((-1) ** k * (t - (k - 1) * tau) ** (k - 1) / math.factorial(k - 1) * (1 - k)
+                   for k in range(1, int(t / tau) + 2))
+
+
+def solve_retarded(p, tol):
+    """p = (τ, c): y' = −y(t − τ), y = c for t ≤ 0."""
+    return dae.solve(retarded, 0.0, T, p[1] * jnp.ones(1), args=p, delays=first_arg,
+                     saveat=SAVEAT, rtol=tol, atol=tol)
+
+
+def y_end(p, tol):
+    return solve_retarded(p, tol).ys[-1, 0]
+
+
+@pytest.mark.parametrize("tol", [1e-6, 1e-9])
+def test_exact_solution(tol):
+    sol = solve_retarded(jnp.array([1.0, 1.0]), tol)
+    assert sol.result == dae.RESULTS.successful
+    want = np.array([exact(float(t)) for t in SAVEAT])
+    err = np.max(np.abs(np.asarray(sol.ys[:, 0]) - want))
+    assert err < 100 * tol, err
+    # y' is the dense output's derivative: y'(t) = −y(t − 1).
+    want_p = np.array([-exact(float(t) - 1.0) if t > 1 else -1.0 for t in SAVEAT])
+    assert np.max(np.abs(np.asarray(sol.yps[:, 0]) - want_p)) < 100 * tol
+
+
+@pytest.mark.parametrize("tol", [1e-6, 1e-9])
+def test_forward_derivatives_exact(tol):
+    """d y(5)/dτ and d y(5)/d(history value) by jax.jacfwd against the exact ones."""
+    J = np.asarray(jax.jacfwd(y_end)(jnp.array([1.0, 1.0]), tol))
+    want = np.array([exact_dtau(T), exact(T)])   # (1.1666…, 0.158333…)
+    assert np.max(np.abs(J - want)) < 100 * tol, (J, want)
+
+
+@pytest.mark.slow
+def test_forward_derivative_away_from_a_breaking_point():
+    """τ = 0.9: t = 5 is not a breaking point; jvp along τ against the exact sum and
+    against central differences of the solver."""
+    tol = 1e-9
+    p = jnp.array([0.9, 1.0])
+    v, dv = jax.jvp(lambda p: y_end(p, tol), (p,), (jnp.array([1.0, 0.0]),))
+    assert abs(float(v) - exact(T, 0.9)) < 100 * tol
+    assert abs(float(dv) - exact_dtau(T, 0.9)) < 100 * tol
+    eps = 1e-4   # central differences: truncation O(eps²·y''') ~ 1e-8, noise tol/eps ~ 1e-5
+    fd = (y_end(p + jnp.array([eps, 0.0]), tol) - y_end(p - jnp.array([eps, 0.0]), tol)) / (2 * eps)
+    assert abs(float(dv) - float(fd)) < 1e-4
+
+
+# ------------------------------------------------------------- history function
+
+
+def linear_history(t, p):
+    return jnp.array([1.0 + p[0] * t])
+
+
+def one_lag(p):
+    return jnp.array([1.0])
+
+
+def sympy_linear_history(a_value, t_end=5):
+    """y(t_end) and dy(t_end)/da for y' = −y(t − 1), y = 1 + a t (t ≤ 0), exactly."""
+    import sympy as sp
+    t, a = sp.symbols("t a")
+    piece = 1 + a * t                       # y on [−1, 0]
+    value_at = sp.Integer(1)                # y(0)
+    for j in range(1, t_end + 1):           # y on [j − 1, j]
+        new = value_at - sp.integrate(piece.subs(t, t - 1), (t, j - 1, t))
+        new = sp.expand(new)
+        value_at = new.subs(t, j)
+        piece = new
+    y = piece.subs(t, t_end)
+    return float(y.subs(a, a_value)), float(sp.diff(y, a).subs(a, a_value))
+
+
+@pytest.mark.slow
+def test_history_function_and_its_parameter():
+    tol = 1e-9
+
+    def end(p):
+        sol = dae.solve(retarded, 0.0, T, jnp.ones(1), args=p, delays=one_lag,
+                        history=linear_history, rtol=tol, atol=tol)
+        return sol.ys[-1, 0]
+
+    a = 0.3
+    v, dv = jax.jvp(end, (jnp.array([a]),), (jnp.array([1.0]),))
+    want, dwant = sympy_linear_history(a)
+    assert abs(float(v) - want) < 100 * tol
+    assert abs(float(dv) - dwant) < 100 * tol
+
+
+# ------------------------------------------------------------------- delay DAE
+
+
+def retarded_dae(t, y, yp, y_lag, args):
+    """y1' = −z(t − τ), 0 = z − y1: the lagged argument is the algebraic variable."""
+    return jnp.array([yp[0] + y_lag[0, 1], y[1] - y[0]])
+
+
+@pytest.mark.slow
+def test_delay_dae_with_algebraic_lagged_variable():
+    tol = 1e-8
+
+    def end(p):
+        sol = dae.solve(retarded_dae, 0.0, T, p[1] * jnp.ones(2), args=p, delays=first_arg,
+                        algebraic=jnp.array([False, True]), rtol=tol, atol=tol)
+        return sol.ys[-1]
+
+    p = jnp.array([1.0, 1.0])
+    y = np.asarray(end(p))
+    assert np.max(np.abs(y - exact(T))) < 100 * tol
+    J = np.asarray(jax.jacfwd(end)(p))
+    want = np.array([exact_dtau(T), exact(T)])
+    assert np.max(np.abs(J[0] - want)) < 100 * tol, (J, want)
+    assert np.max(np.abs(J[1] - want)) < 100 * tol
+
+
+# ------------------------------------------------------------------ limits, errors
+
+
+def test_reverse_mode_is_refused_clearly():
+    with pytest.raises(Exception, match=r"Reverse-mode derivatives .* delay DAE"):
+        jax.grad(y_end)(jnp.array([1.0, 1.0]), 1e-6)
+
+
+@pytest.mark.slow
+def test_history_ring_too_small_is_a_status():
+    sol = dae.solve(retarded, 0.0, T, jnp.ones(1), args=jnp.array([1.0, 1.0]),
+                    delays=first_arg, rtol=1e-9, atol=1e-9, history_steps=5, throw=False)
+    assert sol.result == dae.RESULTS.delay_history_lost
+    assert float(sol.stats["t_final"]) < 1.0
+    assert "history_steps" in dae.RESULTS.delay_history_lost.__repr__()
+
+
+@pytest.mark.parametrize("tau", [0.0, -1.0, float("inf")])
+def test_nonpositive_delay_is_refused(tau):
+    with pytest.raises(ValueError, match="positive and finite"):
+        dae.solve(retarded, 0.0, T, jnp.ones(1), delays=jnp.array([tau]))
+
+
+@pytest.mark.slow
+def test_traced_nonpositive_delay_is_a_status():
+    @jax.jit
+    def run(tau):
+        return dae.solve(retarded, 0.0, T, jnp.ones(1), args=jnp.array([tau, 1.0]),
+                         delays=first_arg, throw=False).result
+
+    assert run(-1.0) == dae.RESULTS.invalid_delay
+
+
+def test_out_of_scope_inputs_are_refused():
+    y0 = jnp.ones(1)
+    with pytest.raises(ValueError, match="state- or time-dependent delays"):
+        dae.solve(retarded, 0.0, T, y0, delays=lambda t, y: jnp.array([1.0]))
+    with pytest.raises(ValueError, match="F\\(t, y, yp, y_lag, args\\)"):
+        dae.solve(lambda t, y, yp, a: yp + y, 0.0, T, y0, delays=jnp.array([1.0]))
+    with pytest.raises(ValueError, match="Neutral terms"):
+        dae.solve(lambda t, y, yp, yl, ypl, a: yp + yl[0], 0.0, T, y0, delays=jnp.array([1.0]))
+    with pytest.raises(ValueError, match=r"history.*delays"):
+        dae.solve(lambda t, y, yp, a: yp + y, 0.0, T, y0, history=lambda t, a: y0)
+    with pytest.raises(ValueError, match="shaped like y0"):
+        dae.solve(retarded, 0.0, T, y0, delays=jnp.array([1.0]),
+                  history=lambda t, a: jnp.ones(2))
+    for name, value in (("quadrature", lambda t, y, yp, a: y),
+                        ("event", dae.Event(lambda t, y, yp, a: y)), ("dense", True)):
+        with pytest.raises(ValueError, match=f"`{name}=` is not supported with `delays=`"):
+            dae.solve(retarded, 0.0, T, y0, delays=jnp.array([1.0]), **{name: value})
+
+
+def test_derivative_wrt_output_time_is_refused():
+    def end(t1):
+        return dae.solve(retarded, 0.0, t1, jnp.ones(1), delays=jnp.array([1.0])).ys[-1, 0]
+
+    with pytest.raises(ValueError, match="with respect to t1"):
+        jax.jvp(end, (5.0,), (1.0,))
+
+
+def test_breaking_points():
+    """t0 + Σ kᵢτᵢ, 1 ≤ Σ kᵢ ≤ order, sorted; near-coincident sums merged (0.1·3 vs 0.3)."""
+    from daeadjoint._delay.solve import breaking_points
+    b = np.asarray(breaking_points(jnp.asarray(0.5), jnp.array([1.0, 2.5]), 2))
+    assert np.allclose(np.unique(b), [1.5, 2.5, 3.0, 4.0, 5.5])
+    b = np.asarray(breaking_points(jnp.asarray(0.0), jnp.array([0.1, 0.3]), 3))
+    assert np.unique(b).shape[0] == np.unique(np.round(b, 12)).shape[0]
+    assert np.min(np.diff(np.unique(b))) > 1e-3
+
+
+# ------------------------------------------------------------ Kermack–McKendrick
+
+KM_P = np.array([5.0, 0.1, 1.0, 1.0, 10.0])   # a, b, c (history), τ1, τ2
+KM_TS = np.array([5.0, 10.0, 20.0, 30.0, 40.0, 55.0])
+
+
+def km(t, y, yp, y_lag, p):
+    y1, y2, _ = y
+    lag1, lag2 = y_lag[0, 1], y_lag[1, 1]
+    return yp - jnp.array([-y1 * lag1 + lag2, y1 * lag1 - y2, y2 - lag2])
+
+
+def km_lags(p):
+    return p[3:]
+
+
+def km_solve(p, tol):
+    return dae.solve(km, 0.0, 55.0, p[:3], args=p, delays=km_lags, saveat=jnp.asarray(KM_TS),
+                     rtol=tol, atol=tol).ys
+
+
+def km_reference(p=KM_P, ts=KM_TS):
+    """The method of steps with scipy's DOP853 (rtol = atol = 1e-13) on [k, k + 1]."""
+    from scipy.integrate import solve_ivp
+    a, b, c, tau1, tau2 = p
+    assert tau1 == 1.0 and tau2 == 10.0   # the unit intervals are then its breaking points
+    pieces = []
+
+    def y_at(s):
+        if s <= 0:
+            return np.array([a, b, c])
+        return pieces[min(int(np.ceil(s)) - 1, len(pieces) - 1)](s)
+
+    def rhs(t, y):
+        l1, l2 = y_at(t - tau1)[1], y_at(t - tau2)[1]
+        return [-y[0] * l1 + l2, y[0] * l1 - y[1], y[1] - l2]
+
+    y = np.array([a, b, c])
+    for k in range(55):
+        sol = solve_ivp(rhs, (k, k + 1), y, method="DOP853", rtol=1e-13, atol=1e-13,
+                        dense_output=True)
+        pieces.append(sol.sol)
+        y = sol.y[:, -1]
+    return np.array([y_at(t) for t in ts])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tol", [1e-6, 1e-9])
+def test_kermack_mckendrick(tol):
+    ys = np.asarray(km_solve(jnp.asarray(KM_P), tol))
+    ref = km_reference()
+    err = np.max(np.abs(ys - ref) / np.maximum(np.abs(ref), 1.0))
+    assert err < 100 * tol, err
+    # y1 + y2 + y3 is conserved (the lagged terms cancel).
+    assert np.max(np.abs(ys.sum(axis=1) - KM_P[:3].sum())) < 100 * tol
+
+
+@pytest.mark.slow
+def test_kermack_mckendrick_forward_derivatives():
+    """d y(t_i)/d(a, b, c, τ1, τ2) by jax.jacfwd against central differences of the
+    independent reference (step 1e-5 in a, b, c; the lags are fixed at 1 and 10 there,
+    so their columns are checked against central differences of the solver itself at
+    rtol 1e-10)."""
+    tol = 1e-9
+    J = np.asarray(jax.jacfwd(km_solve)(jnp.asarray(KM_P), tol))   # (6, 3, 5)
+    eps = 1e-5   # truncation eps²·y''' ~ 1e-10; reference noise 1e-13/eps ~ 1e-8
+    for i in range(3):
+        e = np.zeros(5)
+        e[i] = eps
+        fd = (km_reference(KM_P + e) - km_reference(KM_P - e)) / (2 * eps)
+        scale = np.maximum(np.abs(fd), 1.0)
+        assert np.max(np.abs(J[:, :, i] - fd) / scale) < 1e-5, (i, J[:, :, i], fd)
+    eps = 1e-4
+    for i in (3, 4):
+        e = np.zeros(5)
+        e[i] = eps
+        fd = (np.asarray(km_solve(jnp.asarray(KM_P + e), 1e-10))
+              - np.asarray(km_solve(jnp.asarray(KM_P - e), 1e-10))) / (2 * eps)
+        scale = np.maximum(np.abs(fd), 1.0)
+        # solver noise 1e-10·(error growth ~1e2)/eps ~ 1e-4 relative at worst
+        assert np.max(np.abs(J[:, :, i] - fd) / scale) < 1e-3, (i, J[:, :, i], fd)
