@@ -250,9 +250,9 @@ def km_lags(p):
     return p[3:]
 
 
-def km_solve(p, tol):
+def km_solve(p, tol, history_steps=1000):
     return dae.solve(km, 0.0, 55.0, p[:3], args=p, delays=km_lags, saveat=jnp.asarray(KM_TS),
-                     rtol=tol, atol=tol).ys
+                     rtol=tol, atol=tol, history_steps=history_steps).ys
 
 
 def km_reference(p=KM_P, ts=KM_TS):
@@ -310,8 +310,23 @@ def test_kermack_mckendrick_forward_derivatives():
     for i in (3, 4):
         e = np.zeros(5)
         e[i] = eps
-        fd = (np.asarray(km_solve(jnp.asarray(KM_P + e), 1e-10))
-              - np.asarray(km_solve(jnp.asarray(KM_P - e), 1e-10))) / (2 * eps)
+        # (at rtol 1e-10 more than 1000 steps fall within τ2 = 10)
+        fd = (np.asarray(km_solve(jnp.asarray(KM_P + e), 1e-10, 5000))
+              - np.asarray(km_solve(jnp.asarray(KM_P - e), 1e-10, 5000))) / (2 * eps)
         scale = np.maximum(np.abs(fd), 1.0)
         # solver noise 1e-10·(error growth ~1e2)/eps ~ 1e-4 relative at worst
         assert np.max(np.abs(J[:, :, i] - fd) / scale) < 1e-3, (i, J[:, :, i], fd)
+
+
+@pytest.mark.slow
+def test_vmap_over_delays():
+    """vmap of the solve and of jacfwd over τ (t = 5 a breaking point or not)."""
+    taus = jnp.array([0.7, 0.9, 1.0, 1.3])
+    P = jnp.stack([taus, jnp.ones(4)], axis=1)
+    tol = 1e-8
+    v = np.asarray(jax.vmap(lambda p: y_end(p, tol))(P))
+    J = np.asarray(jax.vmap(jax.jacfwd(lambda p: y_end(p, tol)))(P))
+    for i, tau in enumerate(np.asarray(taus)):
+        assert abs(v[i] - exact(T, tau)) < 100 * tol
+        assert abs(J[i, 0] - exact_dtau(T, tau)) < 100 * tol
+        assert abs(J[i, 1] - exact(T, tau)) < 100 * tol
