@@ -34,6 +34,7 @@ the derivative is that of the continuous problem.
 
 import inspect
 import itertools
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -234,6 +235,8 @@ def _lift(fn, *example):
     """`fn` closure-converted when it closes over traced values (a parameter of an
     enclosing jit/grad/vmap: it must become an input, never a silent constant), else
     None (the function itself is used: repeated solves reuse the compiled program)."""
+    if isinstance(fn, types.FunctionType) and not fn.__closure__:
+        return None   # a plain function closes over nothing (no trace needed to know it)
     conv = eqx.filter_closure_convert(fn, *example)
     return conv if _traced(conv) else None
 
