@@ -386,8 +386,8 @@ def solve(
       residual is then `F(t, y, yp, y_lag, args)` with `y_lag[i]` = y(t − τ_i) (shape
       (m, n)), taken from the integrator's interpolating polynomials; see the delays
       page. Forward-mode derivatives only (`jax.jvp`, `jax.jacfwd`), with respect to
-      `args`, the lags, `y0` and the history; no quadratures, events, dense output
-      or index-2 variables yet.
+      `args`, the lags, `y0` and the history; `quadrature` sees no lagged values; no
+      events, dense output or index-2 variables yet.
     - `history`: `h(t, args) -> y(t)` for t ≤ t0 (with `delays=`). Default None: the
       constant history y(t) = y0.
     - `history_steps`: with `delays=`, how many past steps are kept for the lagged
@@ -410,15 +410,16 @@ def solve(
             sensitivity=sensitivity, forward_sensitivity=forward_sensitivity, throw=throw,
             tstop=tstop, breakpoints=breakpoints,
             suppress_algebraic_error=suppress_algebraic_error, linear_solver=linear_solver,
+            quad_rtol=quad_rtol, quad_atol=quad_atol, quad_error_control=quad_error_control,
             constraints=constraints, max_step=max_step, min_step=min_step,
             first_step=first_step, max_order=max_order, event=event, steps=steps,
             dense=dense, progress=progress)
-        ys, yps, ts, result, stats, t_final = solve_delayed(
+        ys, yps, qs, ts, result, stats, t_final = solve_delayed(
             solve, residual, t0, t1, y0, yp0, args, delays=delays, history=history,
             history_steps=history_steps,
             breakpoint_order=max_order if breakpoint_order is None else breakpoint_order,
             kwargs=kwargs)
-        return Solution(ts=ts, ys=ys, yps=yps, qs=None, stats=dict(stats, t_final=t_final),
+        return Solution(ts=ts, ys=ys, yps=yps, qs=qs, stats=dict(stats, t_final=t_final),
                         result=result)
     index2_mask = None
     if index2 is not None:

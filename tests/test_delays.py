@@ -221,8 +221,7 @@ def test_out_of_scope_inputs_are_refused():
     with pytest.raises(ValueError, match="shaped like y0"):
         dae.solve(retarded, 0.0, T, y0, delays=jnp.array([1.0]),
                   history=lambda t, a: jnp.ones(2))
-    for name, value in (("quadrature", lambda t, y, yp, a: y),
-                        ("event", dae.Event(lambda t, y, yp, a: y)), ("dense", True)):
+    for name, value in (("event", dae.Event(lambda t, y, yp, a: y)), ("dense", True)):
         with pytest.raises(ValueError, match=f"`{name}=` is not supported with `delays=`"):
             dae.solve(retarded, 0.0, T, y0, delays=jnp.array([1.0]), **{name: value})
 
@@ -435,3 +434,31 @@ def test_two_lags_history_function_and_shifted_origin():
     eps = 1e-4   # truncation eps²·y''' ~ 1e-9; reference noise 1e-13/eps ~ 1e-9
     fd = (mg_reference(0.1 + eps) - mg_reference(0.1 - eps)) / (2 * eps)
     assert np.max(np.abs(np.asarray(dv) - fd)) < 100 * tol, (dv, fd)
+
+
+# ----------------------------------------------------------------- quadratures
+
+
+def integrand(t, y, yp, args):
+    return y
+
+
+@pytest.mark.slow
+def test_quadrature_and_its_forward_derivatives():
+    """I(τ, c) = ∫_0^4 y dt for y' = −y(t − τ), y = c (t ≤ 0). Integrating the equation,
+    ∫_0^{4+τ} y'(t) dt = −∫_{−τ}^{4} y, so I = c − cτ − y(4 + τ): at τ = 1, I = −y(5),
+    dI/dc = I, dI/dτ = −1 − y'(5) − ∂y(5)/∂τ = −1 + y(4) − ∂y(5)/∂τ (c = 1)."""
+    tol = 1e-9
+
+    def integral(p):
+        sol = dae.solve(retarded, 0.0, T, p[1] * jnp.ones(1), args=p, delays=first_arg,
+                        quadrature=integrand, quad_error_control=True,
+                        saveat=jnp.array([4.0, T]), rtol=tol, atol=tol)
+        return sol.qs[0, 0]
+
+    p = jnp.array([1.0, 1.0])
+    value, dI_dtau = jax.jvp(integral, (p,), (jnp.array([1.0, 0.0]),))
+    _, dI_dc = jax.jvp(integral, (p,), (jnp.array([0.0, 1.0]),))
+    assert abs(float(value) + exact(T)) < 100 * tol
+    assert abs(float(dI_dc) + exact(T)) < 100 * tol
+    assert abs(float(dI_dtau) - (-1.0 + exact(4.0) - exact_dtau(T))) < 100 * tol

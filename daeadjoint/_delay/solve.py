@@ -50,7 +50,6 @@ from .buffer import DelayArgs, DelayBuffer, DelayResidual
 
 # Options of `solve` that a delay DAE does not support yet (name: why).
 UNSUPPORTED = {
-    "quadrature": "quadratures of a delay DAE",
     "event": "events of a delay DAE",
     "index2": "index-2 delay DAEs",
     "dense": "dense output of a delay DAE",
@@ -76,6 +75,7 @@ class Params(eqx.Module):
     tau_given: Any
     residual: Any
     history: Any
+    quadrature: Any = None
 
 
 class Model(eqx.Module):
@@ -84,6 +84,7 @@ class Model(eqx.Module):
     residual: Callable = eqx.field(static=True)
     history: Callable | None = eqx.field(static=True)
     delays: Callable | None = eqx.field(static=True)
+    quadrature: Callable | None = eqx.field(static=True, default=None)
 
     def F(self, p: Params):
         return self.residual if p.residual is None else p.residual
@@ -99,6 +100,21 @@ class Model(eqx.Module):
 
     def primal(self, t, y, yp, lag, p: Params):
         return self.F(p)(t, y, yp, lag, p.args)
+
+    def quad(self, t, y, yp, p: Params):
+        fn = self.quadrature if p.quadrature is None else p.quadrature
+        assert fn is not None   # only called when a quadrature was given
+        return fn(t, y, yp, p.args)
+
+
+class DelayQuadrature(eqx.Module):
+    """q(t, y, y', args) as the core calls it, with `DelayArgs` (the user's
+    quadrature sees no lagged values)."""
+
+    model: Model = eqx.field(static=True)
+
+    def __call__(self, t, y, yp, a: DelayArgs):
+        return self.model.quad(t, y, yp, a.user)
 
 
 def _as_lags(tau):
@@ -136,6 +152,15 @@ class Augmented(eqx.Module):
         p, p_dot = pa
         h, h_dot = jvp_params(lambda q: self.model.h(t, q), p, p_dot)
         return jnp.concatenate([h, h_dot])
+
+    def quadrature(self, t, Y, Yp, a: DelayArgs):
+        """(q, q̇): q and its jvp along (s, s', ṗ)."""
+        p, p_dot = a.user
+        n = self.n
+        dyn, static = eqx.partition(p, eqx.is_inexact_array)
+        q, q_dot = jax.jvp(lambda y, yp, d: self.model.quad(t, y, yp, eqx.combine(d, static)),
+                           (Y[:n], Yp[:n], dyn), (Y[n:], Yp[n:], p_dot))
+        return jnp.concatenate([q, q_dot])
 
 
 # -------------------------------------------------------------------- breakpoints
@@ -272,11 +297,20 @@ def solve_delayed(solve, residual, t0, t1, y0, yp0, args, *, delays, history, hi
     _check_history(history, t0, y0, args)
     _check_residual(residual, t0, y0, m, args)
     lag = jnp.zeros((m,) + y0.shape, y0.dtype)
+    quadrature = kwargs.pop("quadrature", None)
+    if quadrature is not None:
+        out = jax.eval_shape(quadrature, jax.ShapeDtypeStruct((), y0.dtype),
+                             jax.ShapeDtypeStruct(y0.shape, y0.dtype),
+                             jax.ShapeDtypeStruct(y0.shape, y0.dtype), args)
+        if getattr(out, "ndim", None) != 1:
+            raise ValueError("`quadrature(t, y, yp, args)` must return a 1-D array, got "
+                             f"{getattr(out, 'shape', out)}.")
     params = Params(
         args=args, y_hist=y0 if history is None else None, tau_given=tau_given,
         residual=_lift(residual, t0, y0, y0, lag, args),
-        history=None if history is None else _lift(history, t0, args))
-    model = Model(residual=residual, history=history, delays=delays_fn)
+        history=None if history is None else _lift(history, t0, args),
+        quadrature=None if quadrature is None else _lift(quadrature, t0, y0, y0, args))
+    model = Model(residual=residual, history=history, delays=delays_fn, quadrature=quadrature)
     user_bps = kwargs.pop("breakpoints", None)
     extra = None
     if user_bps is not None:
@@ -292,8 +326,8 @@ def solve_delayed(solve, residual, t0, t1, y0, yp0, args, *, delays, history, hi
     dyn = dict(params=params, y0=y0, yp0=yp0, t0=t0, t1=t1, saveat=saveat, bps=bps,
                max_step=max_step)
     d, s = eqx.partition(dyn, eqx.is_array)
-    ys, yps, result, stats, t_final = _delay_function(static, s)(d)
-    return ys, yps, saveat, result, stats, t_final
+    ys, yps, qs, result, stats, t_final = _delay_function(static, s)(d)
+    return ys, yps, qs, saveat, result, stats, t_final
 
 
 def _run(static, dyn, augmented_tangent=None):
@@ -305,6 +339,8 @@ def _run(static, dyn, augmented_tangent=None):
     dtype = y0.dtype
     if augmented_tangent is None:
         core_residual = DelayResidual(model=model.primal, history=model.h)
+        if model.quadrature is not None:
+            kwargs["quadrature"] = DelayQuadrature(model=model)
         user = p
         tau = model.tau(p)
         start, yp0 = y0, dyn["yp0"]
@@ -315,7 +351,9 @@ def _run(static, dyn, augmented_tangent=None):
         user = (p, p_dot)
         tau = model.tau(p)
         start, yp0 = jnp.concatenate([y0, y0_dot]), None
-        for name in ("atol", "constraints"):
+        if model.quadrature is not None:
+            kwargs["quadrature"] = aug.quadrature
+        for name in ("atol", "constraints", "quad_atol"):
             v = kwargs.get(name)
             if v is not None and jnp.ndim(v) == 1:
                 kwargs[name] = jnp.concatenate([jnp.asarray(v)] * 2)
@@ -334,7 +372,7 @@ def _run(static, dyn, augmented_tangent=None):
                 **kwargs)
     stats = dict(sol.stats)
     t_final = stats.pop("t_final")
-    return sol.ys, sol.yps, sol.result, stats, t_final
+    return sol.ys, sol.yps, sol.qs, sol.result, stats, t_final
 
 
 def _delay_function(static, static_dyn):
@@ -369,10 +407,11 @@ def _delay_function(static, static_dyn):
         # The primal from its own solve: under jax.jacfwd the tangents are batched and
         # the primal must not depend on them.
         out = _run(static, dyn)
-        _, _, result, stats, t_final = out
-        zs, zps = _run(static, dyn, augmented_tangent=(p_dot, y0_dot))[:2]
+        _, _, qs, result, stats, t_final = out
+        zs, zps, zqs = _run(static, dyn, augmented_tangent=(p_dot, y0_dot))[:3]
         n = static["n"]
-        out_dot = (_no_reverse(zs[:, n:]), _no_reverse(zps[:, n:]),
+        qs_dot = None if qs is None else _no_reverse(zqs[:, qs.shape[1]:])
+        out_dot = (_no_reverse(zs[:, n:]), _no_reverse(zps[:, n:]), qs_dot,
                    jax.tree_util.tree_map(_float0, result),
                    jax.tree_util.tree_map(_float0, stats),
                    jnp.zeros_like(t_final))
