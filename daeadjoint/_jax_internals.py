@@ -57,9 +57,11 @@ Not here: the names `jax.core` still exports as public (`ShapedArray`, `Tracer`,
    be differentiated or batched.
 7. **`nondifferentiable_backward`** (`equinox.internal`): the identity, whose transpose
    raises a given message. A delay DAE's forward-mode rule (`_delay/solve.py`) passes
-   its tangents through it, so that `jax.grad` of such a solve stops with a clear
-   error instead of JAX's failure to transpose the variational solve. Without it
-   reverse mode would fail with an internal message.
+   its tangents through it where it solves one variational system (not linearized), so
+   that `jax.grad(jax.jit(f))` of such a solve stops with a clear error instead of
+   JAX's failure to transpose that solve. Without it that case would fail with an
+   internal message. (`being_linearized`, item 3, picks the transposable J·ṗ form
+   otherwise.)
 """
 
 from collections.abc import Callable

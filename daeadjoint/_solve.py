@@ -385,9 +385,11 @@ def solve(
       `delays(args) -> (m,) array` (differentiable like any value in `args`). The
       residual is then `F(t, y, yp, y_lag, args)` with `y_lag[i]` = y(t − τ_i) (shape
       (m, n)), taken from the integrator's interpolating polynomials; see the delays
-      page. Forward-mode derivatives only (`jax.jvp`, `jax.jacfwd`), with respect to
-      `args`, the lags, `y0` and the history; `quadrature` sees no lagged values; no
-      events, dense output or index-2 variables yet.
+      page. Derivatives with respect to `args`, the lags, `y0` and the history by the
+      variational delay system: `jax.jvp`/`jax.jacfwd`, and `jax.grad`/`jax.vjp` at
+      the cost of one variational solve per input component (no adjoint yet; jit
+      outside grad). `quadrature` sees no lagged values; no events, dense output or
+      index-2 variables yet.
     - `history`: `h(t, args) -> y(t)` for t ≤ t0 (with `delays=`). Default None: the
       constant history y(t) = y0.
     - `history_steps`: with `delays=`, how many past steps are kept for the lagged

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from .._jax_internals import nondifferentiable_backward
+from .._jax_internals import being_linearized, nondifferentiable_backward
 from .._validation import _concrete
 from .buffer import DelayArgs, DelayBuffer, DelayResidual
 
@@ -408,10 +408,23 @@ def _delay_function(static, static_dyn):
         # the primal must not depend on them.
         out = _run(static, dyn)
         _, _, qs, result, stats, t_final = out
-        zs, zps, zqs = _run(static, dyn, augmented_tangent=(p_dot, y0_dot))[:3]
         n = static["n"]
-        qs_dot = None if qs is None else _no_reverse(zqs[:, qs.shape[1]:])
-        out_dot = (_no_reverse(zs[:, n:]), _no_reverse(zps[:, n:]), qs_dot,
+        live = [x for x in jax.tree_util.tree_leaves(
+            d_dot, is_leaf=lambda x: isinstance(x, SymbolicZero))
+            if not isinstance(x, SymbolicZero)]
+        if being_linearized(live):
+            # grad / vjp / linearize: the tangent as J ṗ with the Jacobian J from one
+            # variational solve per input direction (known: it depends on the primal
+            # only), so that what JAX transposes is the product, not a solve.
+            zs, zps, zqs = _jacobian_product(static, dyn, p_dot, y0_dot)
+            guard = _identity
+        else:
+            zs, zps, zqs = _run(static, dyn, augmented_tangent=(p_dot, y0_dot))[:3]
+            zs, zps = zs[:, n:], zps[:, n:]
+            zqs = None if qs is None else zqs[:, qs.shape[1]:]
+            guard = _no_reverse
+        qs_dot = None if qs is None else guard(zqs)
+        out_dot = (guard(zs), guard(zps), qs_dot,
                    jax.tree_util.tree_map(_float0, result),
                    jax.tree_util.tree_map(_float0, stats),
                    jnp.zeros_like(t_final))
@@ -421,14 +434,49 @@ def _delay_function(static, static_dyn):
     return f
 
 
+def _identity(x):
+    return x
+
+
+def _jacobian_product(static, dyn, p_dot, y0_dot):
+    """(ys, yps, qs) tangents as J·ṗ: J by `jax.vmap` of the variational solve over the
+    unit directions of every differentiable input (the inexact arrays of `Params` and
+    y0), then contracted with the tangents — linear in them, hence transposable: this
+    is how `jax.grad` of a delay DAE works until its continuous adjoint exists (cost:
+    one variational solve of size 2n per input component)."""
+    n = static["n"]
+    x = {"p": eqx.filter(dyn["params"], eqx.is_inexact_array), "y0": dyn["y0"]}
+    leaves, treedef = jax.tree_util.tree_flatten(x)
+    dots = treedef.flatten_up_to({"p": p_dot, "y0": y0_dot})
+    v = jnp.concatenate([jnp.ravel(d).astype(dyn["y0"].dtype) for d in dots])
+    sizes = [leaf.size for leaf in leaves]
+    offsets = np.cumsum([0] + sizes)
+
+    def one(e):
+        parts = [e[a:b].reshape(leaf.shape).astype(leaf.dtype)
+                 for a, b, leaf in zip(offsets[:-1], offsets[1:], leaves)]
+        tang = jax.tree_util.tree_unflatten(treedef, parts)
+        return _run(static, dyn, augmented_tangent=(tang["p"], tang["y0"]))[:3]
+
+    basis = jnp.eye(int(offsets[-1]), dtype=dyn["y0"].dtype)
+    zs, zps, zqs = jax.vmap(one)(basis)
+    ys_dot = jnp.einsum("k...,k->...", zs[..., n:], v)
+    yps_dot = jnp.einsum("k...,k->...", zps[..., n:], v)
+    qs_dot = None if zqs is None else jnp.einsum(
+        "k...,k->...", zqs[..., zqs.shape[-1] // 2:], v)
+    return ys_dot, yps_dot, qs_dot
+
+
 def _float0(x):
     return np.zeros(np.shape(x), jax.dtypes.float0)
 
 
 REVERSE_MESSAGE = (
     "Reverse-mode derivatives (jax.grad, jax.vjp, jax.jacrev) of a delay DAE's solution "
-    "are not available yet (its continuous adjoint runs backward with advanced arguments "
-    "lambda(t + tau)); use forward mode: jax.jvp or jax.jacfwd.")
+    "cannot pass through a jax.jit that is itself differentiated, as in "
+    "jax.grad(jax.jit(f)): write jax.jit(jax.grad(f)) instead (reverse mode runs one "
+    "variational solve per input component; the continuous adjoint with advanced "
+    "arguments lambda(t + tau) is not implemented yet).")
 
 
 def _no_reverse(x):
