@@ -130,37 +130,55 @@ def jvp_params(fn, p, p_dot):
 
 
 class Augmented(eqx.Module):
-    """The variational system of one direction as a delay DAE in Y = (y, s) (module
-    docstring): residual (F, Ḟ) with Ḟ the jvp of F in (y, y', y(t − τ), p) along
-    (s, s', s(t − τ) − y'(t − τ)τ̇, ṗ); history (h, h_p ṗ)."""
+    """The variational system of k directions as one delay DAE in Y = (y, s_1, …, s_k)
+    (module docstring): residual (F, Ḟ_1, …, Ḟ_k) with Ḟ_j the jvp of F in
+    (y, y', y(t − τ), p) along (s_j, s_j', s_j(t − τ) − y'(t − τ)τ̇_j, ṗ_j); history
+    (h, h_p ṗ_1, …). The tangents ṗ carry a leading axis k. One integration for all
+    directions: the state is integrated once, and no `vmap` of the step loop (which
+    would select its whole carry, the step history included, on every step)."""
 
     model: Model = eqx.field(static=True)
     n: int = eqx.field(static=True)
+    k: int = eqx.field(static=True)
 
     def residual(self, t, Y, Yp, lag, lag_d, pa):
         p, p_dot = pa
-        n = self.n
-        tau_dot = jvp_params(self.model.tau, p, p_dot)[1]
-        nu, sigma, nu_d = lag[:, :n], lag[:, n:], lag_d[:, :n]
+        n, k = self.n, self.k
+        m = lag.shape[0]
         dyn, static = eqx.partition(p, eqx.is_inexact_array)
-        f, f_dot = jax.jvp(
-            lambda y, yp, v, d: self.model.primal(t, y, yp, v, eqx.combine(d, static)),
-            (Y[:n], Yp[:n], nu, dyn), (Y[n:], Yp[n:], sigma - nu_d * tau_dot[:, None], p_dot))
-        return jnp.concatenate([f, f_dot])
+        nu, nu_d = lag[:, :n], lag_d[:, :n]
+        sigma = lag[:, n:].reshape(m, k, n)
+
+        def model(y, yp, v, d):
+            return self.model.primal(t, y, yp, v, eqx.combine(d, static))
+
+        def direction(s, sp, sig, d_dot):
+            tau_dot = jvp_params(self.model.tau, p, d_dot)[1]
+            return jax.jvp(model, (Y[:n], Yp[:n], nu, dyn),
+                           (s, sp, sig - nu_d * tau_dot[:, None], d_dot))[1]
+
+        f_dot = jax.vmap(direction, in_axes=(0, 0, 1, 0))(
+            Y[n:].reshape(k, n), Yp[n:].reshape(k, n), sigma, p_dot)
+        return jnp.concatenate([model(Y[:n], Yp[:n], nu, dyn), f_dot.reshape(-1)])
 
     def history(self, t, pa):
         p, p_dot = pa
-        h, h_dot = jvp_params(lambda q: self.model.h(t, q), p, p_dot)
-        return jnp.concatenate([h, h_dot])
+        h = self.model.h(t, p)
+        h_dot = jax.vmap(lambda d: jvp_params(lambda q: self.model.h(t, q), p, d)[1])(p_dot)
+        return jnp.concatenate([h, h_dot.reshape(-1)])
 
     def quadrature(self, t, Y, Yp, a: DelayArgs):
-        """(q, q̇): q and its jvp along (s, s', ṗ)."""
+        """(q, q̇_1, …, q̇_k): q and its jvp along (s_j, s_j', ṗ_j)."""
         p, p_dot = a.user
-        n = self.n
+        n, k = self.n, self.k
         dyn, static = eqx.partition(p, eqx.is_inexact_array)
-        q, q_dot = jax.jvp(lambda y, yp, d: self.model.quad(t, y, yp, eqx.combine(d, static)),
-                           (Y[:n], Yp[:n], dyn), (Y[n:], Yp[n:], p_dot))
-        return jnp.concatenate([q, q_dot])
+
+        def q(y, yp, d):
+            return self.model.quad(t, y, yp, eqx.combine(d, static))
+
+        q_dot = jax.vmap(lambda s, sp, d: jax.jvp(q, (Y[:n], Yp[:n], dyn), (s, sp, d))[1])(
+            Y[n:].reshape(k, n), Yp[n:].reshape(k, n), p_dot)
+        return jnp.concatenate([q(Y[:n], Yp[:n], dyn), q_dot.reshape(-1)])
 
 
 # -------------------------------------------------------------------- breakpoints
@@ -345,20 +363,22 @@ def _run(static, dyn, augmented_tangent=None):
         tau = model.tau(p)
         start, yp0 = y0, dyn["yp0"]
     else:
-        p_dot, y0_dot = augmented_tangent
-        aug = Augmented(model=model, n=n)
+        p_dot, y0_dot = augmented_tangent   # leading axis k: the directions
+        k = y0_dot.shape[0]
+        aug = Augmented(model=model, n=n, k=k)
         core_residual = DelayResidual(model=aug.residual, history=aug.history, derivatives=True)
         user = (p, p_dot)
         tau = model.tau(p)
-        start, yp0 = jnp.concatenate([y0, y0_dot]), None
+        start, yp0 = jnp.concatenate([y0, y0_dot.reshape(-1)]), None
         if model.quadrature is not None:
             kwargs["quadrature"] = aug.quadrature
-        for name in ("atol", "constraints", "quad_atol"):
+        for name in ("atol", "quad_atol", "algebraic"):
             v = kwargs.get(name)
             if v is not None and jnp.ndim(v) == 1:
-                kwargs[name] = jnp.concatenate([jnp.asarray(v)] * 2)
-        if kwargs.get("algebraic") is not None:
-            kwargs["algebraic"] = jnp.concatenate([jnp.asarray(kwargs["algebraic"])] * 2)
+                kwargs[name] = jnp.concatenate([jnp.asarray(v)] * (1 + k))
+        if kwargs.get("constraints") is not None:   # bounds on y, none on dy/dp
+            c = jnp.asarray(kwargs["constraints"])
+            kwargs["constraints"] = jnp.concatenate([c, jnp.zeros((k * n,), c.dtype)])
         if kwargs.get("init") == "y":
             raise ValueError("forward-mode derivatives of a delay DAE with init='y' are not "
                              "supported.")
@@ -419,7 +439,8 @@ def _delay_function(static, static_dyn):
             zs, zps, zqs = _jacobian_product(static, dyn, p_dot, y0_dot)
             guard = _identity
         else:
-            zs, zps, zqs = _run(static, dyn, augmented_tangent=(p_dot, y0_dot))[:3]
+            one = jax.tree_util.tree_map(lambda x: x[None], (p_dot, y0_dot))
+            zs, zps, zqs = _run(static, dyn, augmented_tangent=one)[:3]
             zs, zps = zs[:, n:], zps[:, n:]
             zqs = None if qs is None else zqs[:, qs.shape[1]:]
             guard = _no_reverse
@@ -439,32 +460,29 @@ def _identity(x):
 
 
 def _jacobian_product(static, dyn, p_dot, y0_dot):
-    """(ys, yps, qs) tangents as J·ṗ: J by `jax.vmap` of the variational solve over the
-    unit directions of every differentiable input (the inexact arrays of `Params` and
-    y0), then contracted with the tangents — linear in them, hence transposable: this
-    is how `jax.grad` of a delay DAE works until its continuous adjoint exists (cost:
-    one variational solve of size 2n per input component)."""
+    """(ys, yps, qs) tangents as J·ṗ: J from one variational solve with a direction
+    per component of every differentiable input (the inexact arrays of `Params` and
+    y0), contracted with the tangents — linear in them, hence transposable: this is how
+    `jax.grad` of a delay DAE works until its continuous adjoint exists (cost: a solve
+    of size n(1 + N) for N input components)."""
     n = static["n"]
     x = {"p": eqx.filter(dyn["params"], eqx.is_inexact_array), "y0": dyn["y0"]}
     leaves, treedef = jax.tree_util.tree_flatten(x)
     dots = treedef.flatten_up_to({"p": p_dot, "y0": y0_dot})
     v = jnp.concatenate([jnp.ravel(d).astype(dyn["y0"].dtype) for d in dots])
-    sizes = [leaf.size for leaf in leaves]
-    offsets = np.cumsum([0] + sizes)
+    offsets = np.cumsum([0] + [leaf.size for leaf in leaves])
+    N = int(offsets[-1])
+    basis = jnp.eye(N, dtype=dyn["y0"].dtype)
+    parts = [basis[:, a:b].reshape((N,) + leaf.shape).astype(leaf.dtype)
+             for a, b, leaf in zip(offsets[:-1], offsets[1:], leaves)]
+    tang = jax.tree_util.tree_unflatten(treedef, parts)
+    zs, zps, zqs = _run(static, dyn, augmented_tangent=(tang["p"], tang["y0"]))[:3]
 
-    def one(e):
-        parts = [e[a:b].reshape(leaf.shape).astype(leaf.dtype)
-                 for a, b, leaf in zip(offsets[:-1], offsets[1:], leaves)]
-        tang = jax.tree_util.tree_unflatten(treedef, parts)
-        return _run(static, dyn, augmented_tangent=(tang["p"], tang["y0"]))[:3]
+    def contract(z, width):   # (n_save, width·(1 + N)) → Σ_j J_j v_j
+        return jnp.einsum("skw,k->sw", z[:, width:].reshape(z.shape[0], N, width), v)
 
-    basis = jnp.eye(int(offsets[-1]), dtype=dyn["y0"].dtype)
-    zs, zps, zqs = jax.vmap(one)(basis)
-    ys_dot = jnp.einsum("k...,k->...", zs[..., n:], v)
-    yps_dot = jnp.einsum("k...,k->...", zps[..., n:], v)
-    qs_dot = None if zqs is None else jnp.einsum(
-        "k...,k->...", zqs[..., zqs.shape[-1] // 2:], v)
-    return ys_dot, yps_dot, qs_dot
+    qs_dot = None if zqs is None else contract(zqs, zqs.shape[1] // (1 + N))
+    return contract(zs, n), contract(zps, n), qs_dot
 
 
 def _float0(x):
