@@ -386,9 +386,9 @@ def solve(
       residual is then `F(t, y, yp, y_lag, args)` with `y_lag[i]` = y(t − τ_i) (shape
       (m, n)), taken from the integrator's interpolating polynomials; see the delays
       page. Derivatives with respect to `args`, the lags, `y0` and the history by the
-      variational delay system: `jax.jvp`/`jax.jacfwd`, and `jax.grad`/`jax.vjp` at
-      the cost of one variational solve per input component (no adjoint yet; jit
-      outside grad). `quadrature` sees no lagged values; no events, dense output or
+      variational delay system: `jax.jvp`/`jax.jacfwd`, and `jax.grad`/`jax.vjp`
+      through the Jacobian (one variational solve with a direction per input
+      component; no adjoint yet; jit outside grad). `quadrature` sees no lagged values; no events, dense output or
       index-2 variables yet.
     - `history`: `h(t, args) -> y(t)` for t ≤ t0 (with `delays=`). Default None: the
       constant history y(t) = y0.

@@ -30,6 +30,11 @@ whose −y'(t − τᵢ)τ̇ᵢ term is the derivative of the lag's position. `j
 own error control (as IDAS's full error control: its y agrees with the plain solve's
 within the tolerances). The step sequence is never differentiated (Eberhard & Bischof):
 the derivative is that of the continuous problem.
+
+Reverse mode. When JAX linearizes (`grad`, `vjp`), the tangent is J·ṗ with J from one
+integration of the variational system carrying all N input directions (Y of size
+n(1 + N)), so that what JAX transposes is a product: correct, at a cost growing with N.
+The continuous adjoint (Calver & Enright §2.3) is not implemented yet.
 """
 
 import inspect
@@ -492,9 +497,9 @@ def _float0(x):
 REVERSE_MESSAGE = (
     "Reverse-mode derivatives (jax.grad, jax.vjp, jax.jacrev) of a delay DAE's solution "
     "cannot pass through a jax.jit that is itself differentiated, as in "
-    "jax.grad(jax.jit(f)): write jax.jit(jax.grad(f)) instead (reverse mode runs one "
-    "variational solve per input component; the continuous adjoint with advanced "
-    "arguments lambda(t + tau) is not implemented yet).")
+    "jax.grad(jax.jit(f)): write jax.jit(jax.grad(f)) instead (reverse mode runs the "
+    "variational system with a direction per input component; the continuous adjoint "
+    "with advanced arguments lambda(t + tau) is not implemented yet).")
 
 
 def _no_reverse(x):
