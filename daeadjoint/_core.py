@@ -19,9 +19,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from ._bdf import error_weights, update_row, wrms
-from ._delay.buffer import DelayArgs
 from ._consistency import (consistency_solve, consistent_values, initial_sensitivities,
                            split_at)
+from ._delay.buffer import DelayArgs
 from ._events import Event, EventState, event_tangents
 from ._derivatives.forward_sensitivity import (ForwardSensitivity, SensitivityProblem,
                                                direction_scale, sensitivity_atol)
