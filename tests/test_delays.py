@@ -472,3 +472,22 @@ def test_quadrature_and_its_forward_derivatives():
     assert abs(float(value) + exact(T)) < 100 * tol
     assert abs(float(dI_dc) + exact(T)) < 100 * tol
     assert abs(float(dI_dtau) - (-1.0 + exact(4.0) - exact_dtau(T))) < 100 * tol
+
+
+@pytest.mark.slow
+def test_closed_over_parameter_is_differentiated():
+    """A residual closing over the parameter k (y' = −k y(t − 1), y = 1 for t ≤ 0): on
+    [0, 3] y(3) = 1 − 3k + 2k² − k³/6, so dy(3)/dk = −3 + 4k − k²/2 (method of steps)."""
+    tol = 1e-9
+
+    def end(k):
+        def residual(t, y, yp, y_lag, args):
+            return yp + k * y_lag[0]
+        return dae.solve(residual, 0.0, 3.0, jnp.ones(1), delays=jnp.array([1.0]),
+                         rtol=tol, atol=tol).ys[0, 0]
+
+    k = 0.7
+    v, dv = jax.jvp(end, (k,), (1.0,))
+    assert abs(float(v) - (1 - 3 * k + 2 * k**2 - k**3 / 6)) < 100 * tol
+    assert abs(float(dv) - (-3 + 4 * k - k**2 / 2)) < 100 * tol
+    assert abs(float(jax.jit(jax.grad(end))(k)) - (-3 + 4 * k - k**2 / 2)) < 100 * tol

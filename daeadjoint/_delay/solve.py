@@ -410,6 +410,9 @@ def _delay_function(static, static_dyn):
 
     def f_jvp(primals, tangents):
         (d,), (d_dot,) = primals, tangents
+        # A Python float primal (jax.jvp(f, (1.0,), ...) of a closed-over value) as an
+        # array, as `solve` makes it: the tangents below are built for the arrays.
+        d = jax.tree_util.tree_map(jnp.asarray, d)
         dyn = eqx.combine(d, static_dyn)
         for name, what in (("t0", "t0"), ("t1", "t1"), ("saveat", "saveat"),
                            ("yp0", "yp0"), ("max_step", "max_step"), ("bps", "breakpoints")):
@@ -423,7 +426,9 @@ def _delay_function(static, static_dyn):
         def pick(x, dx):
             if not eqx.is_inexact_array(x):
                 return None
-            return jnp.zeros_like(x) if (dx is None or isinstance(dx, SymbolicZero)) else dx
+            if dx is None or isinstance(dx, SymbolicZero):
+                return jnp.zeros_like(x)
+            return jnp.asarray(dx, x.dtype)
 
         dyn_dot = eqx.combine(d_dot, jax.tree_util.tree_map(lambda _: None, static_dyn))
         dot = jax.tree_util.tree_map(pick, dyn, dyn_dot,
