@@ -21,6 +21,7 @@ from jaxtyping import Array, Bool, Float, Int
 from ._bdf import error_weights, update_row, wrms
 from ._consistency import (consistency_solve, consistent_values, initial_sensitivities,
                            split_at)
+from ._delay.buffer import DelayArgs
 from ._events import Event, EventState, event_tangents
 from ._derivatives.forward_sensitivity import (ForwardSensitivity, SensitivityProblem,
                                                direction_scale, sensitivity_atol)
@@ -143,6 +144,9 @@ def input_status(inputs: Inputs) -> RESULTS:
                                        | jnp.any(jnp.diff(ts) < 0))
     bad_tstop = inputs.tstop < t1
     result = RESULTS.successful
+    if isinstance(inputs.args, DelayArgs):
+        tau = inputs.args.tau
+        result = W(jnp.any(~(tau > 0) | ~jnp.isfinite(tau)), RESULTS.invalid_delay, result)
     result = W(bad_tstop, RESULTS.invalid_tstop, result)
     result = W(bad_saveat, RESULTS.invalid_saveat, result)
     result = W(bad_tol, RESULTS.invalid_tolerance, result)
@@ -323,12 +327,17 @@ def run(config: Config, inputs: Inputs, record: bool = False,
     recorders = record_for(config, state, yp0) if record else ()
     if config.dense:
         recorders = recorders + (DenseRecorder.create(state, config.max_steps, config.dense > 1),)
+    delay = isinstance(inputs.args, DelayArgs)
+    if delay:   # a delay DAE: its step history rides in the step loop (`_delay/buffer.py`)
+        recorders = recorders + (inputs.args.buffer,)
     events = _event_state(config, inputs, y0, yp0, k)
     if progress:
         problem = _with_progress(problem, config)
     state, outputs, recorders, events = integrate(problem, state, outputs, t1,
                                                   config.max_steps, recorders, events)
     dense = None
+    if delay:
+        recorders = recorders[:-1]
     if config.dense:
         recorders, dense = recorders[:-1], recorders[-1]
     state = eqx.tree_at(lambda z: z.result, state, _explain_failure(config, inputs, y0, yp0, state))

@@ -31,6 +31,7 @@ from ._bdf import (MAXORD, NPHI, Coefficients, complete_history, derivative_weig
                    grouped_wrms, history_layout, history_row, interpolate,
                    interpolation_weights, predict, scale_history, set_coefficients, stacked,
                    update_row, wrms)
+from ._delay.buffer import DelayBuffer
 from ._events import Event, EventState, search_step
 from ._derivatives.forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
                                                sensitivity_corrector)
@@ -934,7 +935,7 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
 
     def step_body(carry):
         s, recs, ev, t_target, _ = carry
-        s, passed = attempt_step(problem, s)
+        s, passed = attempt_step(_with_step_history(problem, recs), s)
         if ev is not None:
             order = ev.yd.shape[1] - 2
             ev = jax.lax.cond(unvmap_any(passed),
@@ -954,6 +955,10 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
         hit_max = passed & (s.stats["num_steps"] >= max_steps) & (s.t < t_end)
         result = RESULTS.where(hit_max & (s.result == RESULTS.successful),
                                RESULTS.max_steps_reached, s.result)
+        for r in recs:   # a delay DAE whose step history ring overflowed
+            if isinstance(r, DelayBuffer):
+                result = RESULTS.where(r.lost & (result == RESULTS.successful),
+                                       RESULTS.delay_history_lost, result)
         if ev is not None:
             result = RESULTS.where(ev.stopped & (result == RESULTS.successful),
                                    RESULTS.event, result)
@@ -987,6 +992,16 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     state, outputs, recorders, events = jax.lax.while_loop(
         outer_cond, outer_body, (state, outputs, tuple(recorders), events))
     return state, dataclasses.replace(outputs, **empty), recorders, events
+
+
+def _with_step_history(problem: Problem, recorders: tuple) -> Problem:
+    """The problem whose residual sees the steps taken so far: a delay DAE's lagged
+    values come from its `DelayBuffer`, a recorder of this loop, which replaces the one in
+    its `DelayArgs`. Unchanged (nothing traced) without one."""
+    for r in recorders:
+        if isinstance(r, DelayBuffer):
+            return dataclasses.replace(problem, args=dataclasses.replace(problem.args, buffer=r))
+    return problem
 
 
 _last_print = [0.0]

@@ -64,6 +64,13 @@ Not here: the names `jax.core` still exports as public (`ShapedArray`, `Tracer`,
    primitives lowered to XLA custom calls, with their own JVP, transpose and batching
    rules (as in JAX's guide to defining primitives). Without them those solvers cannot
    be differentiated or batched.
+7. **`nondifferentiable_backward`** (`equinox.internal`): the identity, whose transpose
+   raises a given message. A delay DAE's forward-mode rule (`_delay/solve.py`) passes
+   its tangents through it where it solves one variational system (not linearized), so
+   that `jax.grad(jax.jit(f))` of such a solve stops with a clear error instead of
+   JAX's failure to transpose that solve. Without it that case would fail with an
+   internal message. (`being_linearized`, item 3, picks the transposable J·ṗ form
+   otherwise.)
 """
 
 from collections.abc import Callable
@@ -94,6 +101,8 @@ __all__ = [
     "filter_primitive_transpose", "filter_primitive_bind", "MISSING", "unflatten_operands",
     # 2.
     "unvmap_any",
+    # 7.
+    "nondifferentiable_backward",
     # 3.
     "being_linearized",
     # 4.
@@ -126,6 +135,10 @@ def unflatten_operands(values, static, treedef):
 # --------------------------------------------------------------- 2. unvmap_any
 
 unvmap_any = eqxi.unvmap_any
+
+# ------------------------------------------------- 7. nondifferentiable_backward
+
+nondifferentiable_backward = eqxi.nondifferentiable_backward
 
 
 # ------------------------------------------------------ 3. linearization check

@@ -127,6 +127,13 @@ class RESULTS(eqx.Enumeration):
         "tolerances (Adjoint(rtol=..., atol=...)), more max_steps, or "
         "sensitivity=DiscreteAdjoint()."
     )
+    delay_history_lost = (
+        "delay_history_lost: the step history kept for the lagged values y(t - tau) "
+        "(`history_steps` steps) no longer reaches back by the longest delay: more steps "
+        "than that were taken within one delay. Raise `history_steps=`.")
+    invalid_delay = (
+        "invalid_delay: a delay tau is not positive and finite (checked at run time "
+        "because the delays were traced); vanishing delays are not supported.")
     unsupported_cotangent = (
         "unsupported_cotangent: the continuous adjoint cannot take cotangents on y' of "
         "algebraic components (sol.yps[:, algebraic]) or third-order derivatives through "

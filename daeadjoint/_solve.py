@@ -282,6 +282,10 @@ def solve(
     steps: bool = False,
     dense: bool = False,
     progress: bool | int = False,
+    delays: Any = None,
+    history: Callable | None = None,
+    history_steps: int = 1000,
+    breakpoint_order: int | None = None,
 ) -> Solution:
     r"""Solve the DAE F(t, y, y', args) = 0 on [t0, t1] with variable-order BDF (IDAS).
 
@@ -397,9 +401,48 @@ def solve(
       IDASetInitStep, IDASetMaxOrd (1–5). A step that fails at `min_step` ends the solve
       with the failure's status.
 
+    - `delays`: constant lags τ = (τ_1, …, τ_m) of a delay DAE: an array, or a function
+      `delays(args) -> (m,) array` (differentiable like any value in `args`). The
+      residual is then `F(t, y, yp, y_lag, args)` with `y_lag[i]` = y(t − τ_i) (shape
+      (m, n)), taken from the integrator's interpolating polynomials; see the delays
+      page. Derivatives with respect to `args`, the lags, `y0` and the history by the
+      variational delay system: `jax.jvp`/`jax.jacfwd`, and `jax.grad`/`jax.vjp`
+      through the Jacobian (one variational solve with a direction per input
+      component; no adjoint yet; jit outside grad). `quadrature` sees no lagged values; no events, dense output or
+      index-2 variables yet.
+    - `history`: `h(t, args) -> y(t)` for t ≤ t0 (with `delays=`). Default None: the
+      constant history y(t) = y0.
+    - `history_steps`: with `delays=`, how many past steps are kept for the lagged
+      values (memory O(history_steps · 6n)); a solve that takes more steps within the
+      longest lag stops with `RESULTS.delay_history_lost`.
+    - `breakpoint_order`: with `delays=`, the breaking points t0 + Σ k_i τ_i with
+      1 ≤ Σ k_i ≤ `breakpoint_order` are steps' ends (default `max_order`).
+
     **Returns:** a `Solution` with `ts`, `ys`, `yps`, `qs`, `stats`, `result` (and
     `events` with `event=`).
     """
+    if delays is not None or history is not None:
+        if delays is None:
+            raise ValueError("`history=` is the history of a delay DAE: pass its lags with "
+                             "`delays=`.")
+        from ._delay.solve import solve_delayed
+        kwargs = dict(
+            saveat=saveat, algebraic=algebraic, index2=index2, init=init,
+            quadrature=quadrature, rtol=rtol, atol=atol, max_steps=max_steps,
+            sensitivity=sensitivity, forward_sensitivity=forward_sensitivity, throw=throw,
+            tstop=tstop, breakpoints=breakpoints,
+            suppress_algebraic_error=suppress_algebraic_error, linear_solver=linear_solver,
+            quad_rtol=quad_rtol, quad_atol=quad_atol, quad_error_control=quad_error_control,
+            constraints=constraints, max_step=max_step, min_step=min_step,
+            first_step=first_step, max_order=max_order, event=event, steps=steps,
+            dense=dense, progress=progress)
+        ys, yps, qs, ts, result, stats, t_final = solve_delayed(
+            solve, residual, t0, t1, y0, yp0, args, delays=delays, history=history,
+            history_steps=history_steps,
+            breakpoint_order=max_order if breakpoint_order is None else breakpoint_order,
+            kwargs=kwargs)
+        return Solution(ts=ts, ys=ys, yps=yps, qs=qs, stats=dict(stats, t_final=t_final),
+                        result=result)
     index2_mask = None
     if index2 is not None:
         index2_mask, algebraic = check_index2_mask(index2, algebraic, np.shape(y0)[0], init,

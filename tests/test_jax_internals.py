@@ -194,6 +194,18 @@ def test_unvmap_any_keeps_a_branch_under_vmap():
     np.testing.assert_array_equal(batched(jnp.array([False, False]), X), X)
 
 
+def test_nondifferentiable_backward_refuses_only_reverse_mode():
+    """The identity in value and in forward mode (under vmap too, as jacfwd batches it);
+    transposing it raises the given message (a delay DAE's refusal of `grad`)."""
+    def f(x):
+        return ji.nondifferentiable_backward(2.0 * x, msg="no reverse here")
+
+    np.testing.assert_array_equal(jax.jvp(f, (X,), (jnp.ones_like(X),))[1], 2.0 * jnp.ones_like(X))
+    np.testing.assert_array_equal(jax.jacfwd(f)(X), 2.0 * jnp.eye(X.shape[0]))
+    with pytest.raises(Exception, match="no reverse here"):
+        jax.grad(lambda x: jnp.sum(f(x)))(X)
+
+
 @pytest.mark.parametrize("table", ["ad.primitive_jvps", "ad.primitive_transposes",
                                    "batching.primitive_batchers", "mlir.register_lowering",
                                    "mlir.lower_fun", "ad.Zero", "ad.is_undefined_primal"])

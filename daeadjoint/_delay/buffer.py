@@ -1,0 +1,159 @@
+r"""The lagged values y(t − τᵢ) of a delay DAE from the integrator's own interpolating
+polynomials.
+
+Every accepted BDF step [t_{j−1}, t_j] leaves IDAS's modified divided differences
+(φ_0 … φ_5, ψ_0 … ψ_5, the order k_j): the interpolating polynomial of that step,
+evaluated by `derivative_weights` exactly as the dense output is (IDAS `IDAGetDky`). A
+`DelayBuffer` keeps the last C of them in a ring (memory O(C·6n), whatever the length of
+the integration), and `lagged` evaluates y(s) (and y'(s)) at s = t − τᵢ from the step
+containing s, or from the history function h(s, args) for s ≤ t0.
+
+The buffer travels through the integration as a per-step recorder of the step loop
+(`_integrator.integrate` hands the current one to the residual inside `DelayArgs`), so
+the residual sees the steps taken so far without host callbacks.
+
+Which side of a step boundary. The breakpoints of y (t0 + Σ kᵢτᵢ, `solve.py`) are step
+boundaries, and there some derivative of y jumps. A step ending on a breakpoint b is
+evaluated at `before(b)` (a few ulps short of it): its lagged points lie a few ulps short
+of b − τᵢ, which is itself a step boundary, and they must read the polynomial of the step
+*ending* there (the left limit: the step integrates the piece before b); the restart at
+b evaluates at `after(b)` and must read the step *starting* there. Rounding in t − τ can
+put s a few ulps on either side, so the containing step is searched for at s ∓ δ with δ
+a few ulps of the time scale: −δ (left limit) unless t lies a few ulps past a
+breakpoint. (For the values this matters only where y itself jumps — an algebraic
+component whose history is inconsistent at t0 — but the derivatives w.r.t. τ see
+−y'(t − τ) and y' jumps at t0.)
+"""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from .._bdf import NPHI, derivative_weights
+
+# Half-width of the search window around s = t − τ, in ulps of the time scale (see the
+# module docstring): above the rounding of t − τ, far below any step.
+SIDE_ULPS = 16
+
+
+class DelayBuffer(eqx.Module):
+    """The last `capacity` accepted steps: their end points, (φ, ψ, k_used), and whether
+    a step still needed was overwritten (`lost`: the ring was too small for the longest
+    delay; the solve stops with `RESULTS.delay_history_lost`)."""
+
+    t0: Float[Array, ""]
+    tau_max: Float[Array, ""]
+    breakpoints: Float[Array, " B"] | None
+    t_left: Float[Array, " C"]
+    t_right: Float[Array, " C"]
+    phi: Float[Array, "C 6 n"]
+    psi: Float[Array, "C 6"]
+    k_used: Int[Array, " C"]
+    t_last: Float[Array, ""]
+    count: Int[Array, ""]
+    lost: Bool[Array, ""]
+    per_step = True          # a recorder of the step loop (`_integrator.integrate`)
+
+    @classmethod
+    def empty(cls, t0, tau_max, breakpoints, capacity: int, n: int, dtype) -> "DelayBuffer":
+        inf = jnp.asarray(jnp.inf, dtype)
+        t0 = jnp.asarray(t0, dtype)
+        return cls(t0=t0, tau_max=jnp.asarray(tau_max, dtype), breakpoints=breakpoints,
+                   t_left=jnp.full((capacity,), inf), t_right=jnp.full((capacity,), -inf),
+                   phi=jnp.zeros((capacity, NPHI, n), dtype),
+                   psi=jnp.ones((capacity, NPHI), dtype),
+                   k_used=jnp.ones((capacity,), jnp.int32), t_last=t0,
+                   count=jnp.zeros((), jnp.int32), lost=jnp.zeros((), bool))
+
+    @property
+    def capacity(self) -> int:
+        return self.t_left.shape[0]
+
+    def record(self, s, passed) -> "DelayBuffer":
+        """Store an accepted step (state `s` after it) in the oldest slot. The slot's old
+        step [a, b] is still needed if a later lagged point can fall in it: the next
+        steps evaluate at t − τᵢ > s.t − τ_max, so b > s.t − τ_max means it is lost."""
+        i = jnp.mod(self.count, self.capacity)
+        lost = self.lost | (passed & (self.count >= self.capacity)
+                            & (self.t_right[i] > s.t - self.tau_max))
+
+        def put(buf, value):
+            return buf.at[i].set(jnp.where(passed, value, buf[i]))
+
+        return dataclasses.replace(
+            self, t_left=put(self.t_left, self.t_last), t_right=put(self.t_right, s.t),
+            phi=put(self.phi, s.phi), psi=put(self.psi, s.psi), k_used=put(self.k_used, s.k_used),
+            t_last=jnp.where(passed, s.t, self.t_last), count=self.count + passed.astype(jnp.int32),
+            lost=lost)
+
+    def just_after_breakpoint(self, t) -> Bool[Array, ""]:
+        """t lies a few ulps past a breakpoint (the restart's evaluation point there)."""
+        if self.breakpoints is None:
+            return jnp.zeros((), bool)
+        b = self.breakpoints
+        width = SIDE_ULPS * jnp.finfo(b.dtype).eps * jnp.maximum(jnp.abs(b), 1.0)
+        return jnp.any((t > b) & (t - b <= width))
+
+    def evaluate(self, s, right, order: int):
+        """y^(m)(s), m = 0 … order, for the points s (m_d,) from the stored steps: (m_d,
+        order+1, n). Points past the newest step extrapolate it (only by rounding: steps
+        are at most min τ)."""
+        dtype = self.phi.dtype
+        scale = jnp.maximum(jnp.maximum(jnp.abs(s), jnp.abs(self.t0)), self.tau_max)
+        delta = SIDE_ULPS * jnp.finfo(dtype).eps * scale
+        q = jnp.where(right, s + delta, s - delta)
+        inside = (self.t_left[None, :] < q[:, None]) & (q[:, None] <= self.t_right[None, :])
+        newest = jnp.mod(self.count - 1, self.capacity)
+        idx = jnp.where(jnp.any(inside, axis=1), jnp.argmax(inside, axis=1), newest)
+        w = jax.vmap(lambda si, j: derivative_weights(si, self.t_right[j], self.psi[j],
+                                                      self.k_used[j], order))(s, idx)
+        return jnp.einsum("dmj,djn->dmn", w, self.phi[idx]), q
+
+
+class DelayArgs(eqx.Module):
+    """`args` as the core sees the residual of a delay DAE: the user's args, the lags τ
+    (m,), and the step history (replaced on every step by the integration loop)."""
+
+    user: Any
+    tau: Float[Array, " m"]
+    buffer: DelayBuffer
+
+
+class DelayResidual(eqx.Module):
+    """F_core(t, y, y', DelayArgs) = F(t, y, y', Y_lag, args) with Y_lag[i] = y(t − τᵢ)
+    (and, with `derivatives`, F(t, y, y', Y_lag, Y'_lag, args): the forward-sensitivity
+    system needs y'(t − τᵢ)). `history(s, args)` is y(s) for s ≤ t0. Static: the
+    functions only; every array is in `DelayArgs`."""
+
+    model: Callable = eqx.field(static=True)
+    history: Callable = eqx.field(static=True)
+    derivatives: bool = eqx.field(static=True, default=False)
+
+    def lagged(self, t, a: DelayArgs):
+        """(Y_lag, Y'_lag or None) at t."""
+        buf = a.buffer
+        s = t - a.tau
+        order = 1 if self.derivatives else 0
+        right = buf.just_after_breakpoint(t)
+        stored, q = buf.evaluate(s, right, order)
+        in_history = q <= buf.t0
+        s_hist = jnp.minimum(s, buf.t0)   # the history is only asked for at s ≤ t0
+        if self.derivatives:
+            hv, hd = jax.vmap(lambda si: jax.jvp(lambda x: self.history(x, a.user),
+                                                 (si,), (jnp.ones_like(si),)))(s_hist)
+        else:
+            hv, hd = jax.vmap(lambda si: self.history(si, a.user))(s_hist), None
+        vals = jnp.where(in_history[:, None], hv, stored[:, 0])
+        ders = None if hd is None else jnp.where(in_history[:, None], hd, stored[:, 1])
+        return vals, ders
+
+    def __call__(self, t, y, yp, a: DelayArgs):
+        vals, ders = self.lagged(t, a)
+        if self.derivatives:
+            return self.model(t, y, yp, vals, ders, a.user)
+        return self.model(t, y, yp, vals, a.user)
