@@ -106,7 +106,7 @@ def test_parameter_gradient_with_fixed_initial_values():
     np.testing.assert_allclose(g_fwd, EXACT_DP, rtol=0, atol=BOUND)
 
 
-# Each (init, mode) pair is its own compiled program (~15-20 s of compilation). The
+# Each (init, mode) pair is its own compiled program (~10-25 s of compilation). The
 # default suite runs one mode per start: the adjoint through the initialization
 # ("ya_ydp", y0 projected onto the constraint) and forward sensitivities from given
 # consistent values (their initial sensitivity projected by `Split`); the other two pairs
