@@ -265,6 +265,11 @@ def r4_discrete(c, rtol):
     return jax.jacrev(psi, argnums=(0, 1))(c, 0.5)
 
 
+# Slow (~12 s of compilation; the default suite's budget): the discrete adjoint stays
+# checked by default against exact derivatives of R4 (through jax.hessian, in
+# test_user_inputs_and_messages.py::test_hessian_with_discrete_adjoint) and of R3, and
+# with a quadrature, in test_discrete_adjoint_index1_and_finite_differences below.
+@pytest.mark.slow
 def test_discrete_adjoint_exact_oscillator():
     """The discrete adjoint differentiates the discrete map with h_n frozen (Eberhard & Bischof's
     remedy ∇h = 0): it converges to the exact R4 derivatives like the solution does,

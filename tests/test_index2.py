@@ -233,7 +233,7 @@ def _linear_jac(t, y, yp, cj, a):
             + cj * jax.jacfwd(lambda v: linear(t, y, v, a))(yp))
 
 
-# Each solver is its own compiled program (~7 s of compilation each): the default suite
+# Each solver is its own compiled program (~5-10 s of compilation each): the default suite
 # keeps SparseLU (the scaling applied through a solver other than the default DenseLU)
 # and the batched solve; the solvers whose J does not come from the residual (a user
 # `jac`, GMRES), where the scaling is skipped, run with --runslow.

@@ -270,6 +270,12 @@ _kin_hvp = jax.jit(lambda th, v, r: jax.jvp(lambda q: jax.grad(kinetics_loss)(q,
                                             (th,), (v,))[1])
 
 
+# Slow (~80 s of compilation; the default suite's budget): forward over adjoint stays
+# checked by default against exact Hessians (test_oscillator_second_derivatives_exact,
+# with a quadrature), against differences of adjoint gradients on Robertson (algebraic
+# y3, quadrature: test_hvp_robertson_against_differences_of_adjoint_gradients) and as
+# jvp-of-grad in test_user_inputs_and_messages.py::test_every_transformation_and_second_order.
+@pytest.mark.slow
 def test_hvp_nonlinear_index1():
     """The kinetics loss (parameters in residual and y0, init="ya_ydp", algebraic
     observations, quadrature): jvp(grad) against central differences of adjoint
