@@ -349,6 +349,11 @@ class _JacobiModule(dae.AbstractPreconditioner):
         return r / state
 
 
+# ~60 s of compilation. By default an `AbstractPreconditioner` subclass stays checked
+# through grad and jacfwd by test_closures.py::test_user_jacobian_and_preconditioner_closures
+# [preconditioner_module]; this bit-for-bit comparison with `Preconditioner` runs with
+# --runslow.
+@pytest.mark.slow
 def test_abstract_preconditioner_subclass_matches_preconditioner():
     """An `AbstractPreconditioner` subclass is a preconditioner like
     `Preconditioner(setup, solve)`: with the same P (`heat_jacobi`'s operations) the
