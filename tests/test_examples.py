@@ -36,6 +36,8 @@ SMOKE_RUNS = {
     "fit_least_squares_optimistix.py": (["--quick"], "fit_least_squares_optimistix.png", True),
     "fit_robertson.py": (["--iterations", "3"], "fit_robertson.png", False),
     "robertson_forward.py": ([], "robertson_forward.png", False),
+    # ~15 s (224 discharges in one compiled ensemble chunk).
+    "sobol_battery.py": (["--quick"], "sobol_battery.png", False),
 }
 
 
