@@ -35,6 +35,9 @@ SMOKE_RUNS = {
     # through solve, jax.jacfwd, jax.hessian, optax L-BFGS).
     "fit_least_squares_optimistix.py": (["--quick"], "fit_least_squares_optimistix.png", True),
     "fit_robertson.py": (["--iterations", "3"], "fit_robertson.png", False),
+    # ~2–4 min on a loaded 2-core machine, nearly all compilation (grad of a delay solve,
+    # L-BFGS's line search, jacfwd).
+    "fit_kermack_mckendrick.py": (["--quick"], "fit_kermack_mckendrick.png", True),
     "robertson_forward.py": ([], "robertson_forward.png", False),
     # ~15 s (224 discharges in one compiled ensemble chunk).
     "sobol_battery.py": (["--quick"], "sobol_battery.png", False),
