@@ -282,9 +282,9 @@ def test_pendulum_initial_value_derivatives(mode):
     Reference: the angle ODE's sensitivities through that map."""
     y0, yp0 = pendulum_initial()
 
-    def f(y):
+    def f(y, init=None):
         return dae.solve(pendulum, 0.0, T_DERIV, y, yp0, (L, G), index2=PENDULUM_INDEX2,
-                         rtol=DERIV_RTOL, atol=DERIV_RTOL).ys[-1]
+                         rtol=DERIV_RTOL, atol=DERIV_RTOL, init=init).ys[-1]
 
     J = (jax.jacfwd if mode == "jacfwd" else jax.jacrev)(f)(y0)
     s, c = np.sin(THETA0), np.cos(THETA0)
@@ -295,6 +295,8 @@ def test_pendulum_initial_value_derivatives(mode):
     ref = pendulum_final_jacobian(THETA0, 0.0, L, G, T_DERIV) @ dq_dy0
     _check_derivative(J, ref, [4])
     if mode == "jacfwd":
+        # The same through the projection itself (init="ya_ydp", differentiated by JAX).
+        _check_derivative(jax.jacfwd(lambda y: f(y, "ya_ydp"))(y0), ref, [4])
         # y'0 is determined by y0: zero derivative. (y'_λ, which no equation reads,
         # only enters s_λ's BDF predictor, which the corrector replaces: what remains
         # is rounding, 1e-41 here; bound: 1e-14, rounding relative to the O(1) outputs.)
@@ -313,12 +315,14 @@ def linear_p(t, y, yp, args):
 
 
 def linear_p_derivatives(ts):
-    """d(x1, x2, z)/d(a, b) at ts with x2(0) fixed: ∂x1/∂a = sin t, ∂x1/∂b = 1,
-    ∂x2/∂a = (cos t + sin t − e^{−t})/2, ∂z/∂a = cos t + ∂x2/∂a, nothing else on b."""
+    """d(x1, x2, z, ∫x2, ∫z)/d(a, b) at ts with x2(0) fixed: ∂x1/∂a = sin t,
+    ∂x1/∂b = 1, ∂x2/∂a = (cos t + sin t − e^{−t})/2, ∂z/∂a = cos t + ∂x2/∂a, and their
+    integrals from 0: (sin t − cos t + e^{−t})/2 and sin t + that; nothing else on b."""
     da_x2 = (np.cos(ts) + np.sin(ts) - np.exp(-ts)) / 2
-    da = np.stack([np.sin(ts), da_x2, np.cos(ts) + da_x2], -1)
-    db = np.stack([np.ones_like(ts), 0 * ts, 0 * ts], -1)
-    return np.stack([da, db], -1)    # (n_save, 3, 2)
+    da_q2 = (np.sin(ts) - np.cos(ts) + np.exp(-ts)) / 2
+    da = np.stack([np.sin(ts), da_x2, np.cos(ts) + da_x2, da_q2, np.sin(ts) + da_q2], -1)
+    db = np.stack([np.ones_like(ts), 0 * ts, 0 * ts, 0 * ts, 0 * ts], -1)
+    return np.stack([da, db], -1)    # (n_save, 5, 2)
 
 
 LINEAR_P = (0.8, 0.3)
@@ -334,20 +338,23 @@ def linear_p_solve(p, sensitivity=None, follow=False):
     x20 = 1.0
     y0 = jnp.array([b0, x20, a0 + x20])
     yp0 = jnp.array([a0, a0 - x20, 0.0])
-    return dae.solve(linear_p, 0.0, 4.0, y0, yp0, (p[0], p[1]), index2=LINEAR_INDEX2,
-                     saveat=jnp.asarray(LINEAR_P_TS), rtol=DERIV_RTOL, atol=DERIV_RTOL,
-                     sensitivity=sensitivity).ys
+    sol = dae.solve(linear_p, 0.0, 4.0, y0, yp0, (p[0], p[1]), index2=LINEAR_INDEX2,
+                    saveat=jnp.asarray(LINEAR_P_TS), rtol=DERIV_RTOL, atol=DERIV_RTOL,
+                    quadrature=lambda t, y, yp, args: y[1:], sensitivity=sensitivity)
+    return jnp.concatenate([sol.ys, sol.qs], axis=1)    # (x1, x2, z, ∫x2, ∫z)
 
 
 @pytest.mark.parametrize("mode", ["jacfwd", "jacrev"])
 def test_parameter_dependent_constraint(mode):
     """Forward sensitivities and the discrete adjoint of a problem whose index-2
     constraint depends on the parameters (the case where the continuous adjoint needs
-    the extra term of Li & Petzold, DASPKADJOINT §5.6), against the closed form."""
+    the extra term of Li & Petzold, DASPKADJOINT §5.6), with quadratures of a
+    differential and the index-2 variable, against the closed form."""
     J = (jax.jacfwd if mode == "jacfwd" else jax.jacrev)(linear_p_solve)(jnp.array(LINEAR_P))
     ref = linear_p_derivatives(LINEAR_P_TS)
     for i in range(len(LINEAR_P_TS)):
-        _check_derivative(J[i], ref[i], [2])
+        # ∫z integrates the index-2 variable: its bound is z's.
+        _check_derivative(J[i], ref[i], [2, 4])
 
 
 def test_vmap_of_index2_gradient():
@@ -365,16 +372,18 @@ def test_vmap_of_index2_gradient():
     for g, tan in zip(grads, tangents):
         _check_derivative(np.asarray(g)[None], np.sum(ref[:, 1, :], 0)[None], [])
         for i in range(len(LINEAR_P_TS)):
-            _check_derivative(np.asarray(tan[i])[:, None], ref[i][:, :1], [2])
+            _check_derivative(np.asarray(tan[i])[:, None], ref[i][:, :1], [2, 4])
 
 
 def test_derivatives_refused_where_not_available():
     """The continuous adjoint (`Adjoint`) and second-order derivatives are not
-    available with `index2`: clear errors that name what works."""
+    available with `index2`: clear errors that name what works, raised while JAX
+    traces the derivative (`eval_shape`: nothing is solved)."""
+    p = jnp.array(LINEAR_P)
     with pytest.raises(ValueError, match=r"sensitivity=DiscreteAdjoint\(\)"):
-        jax.grad(lambda p: linear_p_solve(p, dae.Adjoint())[-1, 0])(jnp.array(LINEAR_P))
+        jax.eval_shape(jax.grad(lambda p: linear_p_solve(p, dae.Adjoint())[-1, 0]), p)
     with pytest.raises(ValueError, match="second-order derivatives"):
-        jax.hessian(lambda p: linear_p_solve(p)[-1, 0])(jnp.array(LINEAR_P))
+        jax.eval_shape(jax.hessian(lambda p: linear_p_solve(p)[-1, 0]), p)
 
 
 def test_undeclared_index3_fails_clearly():

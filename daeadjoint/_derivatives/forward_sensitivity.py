@@ -152,8 +152,13 @@ def sensitivity_corrector(problem, sens: SensitivityProblem, t, y, yp, cj, s_pre
     if problem.index2 is not None:
         if _builds_from_residual(solver):
             col_scale = jnp.where(problem.index2, cj_old, 1.0)
-        # As the state's (`_integrator.newton_weights`): index-2 weights divided by cj
-        # (their correction carries the constraint rows' rounding error times cj).
+        # The convergence test divides the index-2 weights by cj (their tolerance
+        # times ~1/h, as RADAU5 scales its index-2 components: Hairer & Wanner,
+        # *Solving Ordinary Differential Equations II*): s_z is fixed through the
+        # constraint rows divided by h, so its correction carries their rounding error
+        # times cj. With s_z near zero (weight 1/atol) that alone failed the test on
+        # every retry at small h (the pendulum's sensitivity to its initial velocity
+        # at rtol 1e-9 stopped with `convergence_failures` at t = 8e-9).
         ewt_conv = jnp.where(problem.index2, ewt_s / cj, ewt_s)
 
     def norm(v):
