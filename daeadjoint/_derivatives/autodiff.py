@@ -359,6 +359,8 @@ def _tangent_jvp(primals, tangents):
             return out, None
         t_dot = _restrict(_full(inputs, t_dot, _lead(ndir)), _wanted(t))
         return out, filter_primitive_bind(tangent_p, config, inputs, rec, t_dot, ndir)
+    if config.index2:
+        raise ValueError(INDEX2_SECOND_ORDER_MESSAGE)
     xd = _differentiable_part(inputs)
     xd_dot = _full(inputs, x_dot)
     xd_dot = (xd_dot.t0, xd_dot.y0, xd_dot.yp0, xd_dot.args)
@@ -488,6 +490,8 @@ def _cotangent_jvp(primals, tangents):
         ct_dot = tuple(jnp.zeros_like(c) if d is None else d for c, d in zip(ct, ct_dot))
         out_dot = filter_primitive_bind(cotangent_p, config, inputs, rec, ct_dot, wanted, ndir)
     if x_dot is not None:
+        if config.index2:
+            raise ValueError(INDEX2_SECOND_ORDER_MESSAGE)
         h = filter_primitive_bind(hessian_p, config, inputs, ct, x_dot, wanted, ndir)
         out_dot = h if out_dot is None else jax.tree_util.tree_map(jnp.add, out_dot, h)
     return out, out_dot
