@@ -357,7 +357,8 @@ def solve(
       `DiscreteAdjoint()` (the adjoint of the recorded steps, like diffrax's
       `RecursiveCheckpointAdjoint`).
       None (default) chooses: `Adjoint()` for up to 32 output times, `DiscreteAdjoint()`
-      for more (its cost does not grow with the number of observations).
+      for more (its cost does not grow with the number of observations) and always
+      with `index2` (the continuous adjoint refuses index-2 solves).
     - `forward_sensitivity`: options of forward mode, `ForwardSensitivity()` by default
       (staggered corrector, full error control).
     - `throw`: raise on failure (`equinox.EquinoxRuntimeError`: from `solve` itself
