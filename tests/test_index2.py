@@ -243,7 +243,7 @@ def pendulum_final_jacobian(theta0, omega0, length, g, t1):
     return partial[:, :2] @ np.stack([s_th, s_om]) + partial[:, 2:] @ np.eye(4)[2:]
 
 
-def pendulum_at_rest(theta0, length, g, t1, **kw):
+def pendulum_at_rest(theta0, length, g, t1, rtol=DERIV_RTOL, **kw):
     """The index-2 pendulum from rest at θ0, radius `length`, gravity g: (x, y, u, v, λ)
     at t1. (The residual reads g from args; the radius is set by y0.)"""
     y0 = pendulum_of(theta0, 0.0 * theta0, length, g)
@@ -251,7 +251,7 @@ def pendulum_at_rest(theta0, length, g, t1, **kw):
     yp0 = jnp.stack([0.0 * acc, 0.0 * acc, length * jnp.cos(theta0) * acc,
                      length * jnp.sin(theta0) * acc, 0.0 * acc])
     return dae.solve(pendulum, 0.0, t1, y0, yp0, (length, g), index2=PENDULUM_INDEX2,
-                     rtol=DERIV_RTOL, atol=DERIV_RTOL, **kw).ys[-1]
+                     rtol=rtol, atol=rtol, **kw).ys[-1]
 
 
 T_DERIV = 2.0
@@ -268,6 +268,31 @@ def test_pendulum_parameter_derivatives(mode):
     J = (jax.jacfwd if mode == "jacfwd" else jax.jacrev)(f)(q)
     ref = pendulum_final_jacobian(THETA0, 0.0, L, G, T_DERIV)[:, [0, 2, 3]]
     _check_derivative(J, ref, [4])
+
+
+# ~1 min (13 solves at rtol 1e-11); the default suite checks the same derivatives against
+# the angle ODE's variational equations (test_pendulum_parameter_derivatives).
+@pytest.mark.slow
+def test_pendulum_derivatives_central_differences():
+    """The same derivatives (forward and reverse) against fourth-order central
+    differences of solves at rtol 1e-11 with step 1e-3: truncation ~1e-12, noise ~
+    1.5·(100·1e-11)/1e-3 = 1.5e-6 (the stencil's weights times the solves' global error
+    over the step). Bound: 1e-5 of the derivative's size, which covers that noise (the
+    derivatives themselves are within 100·DERIV_RTOL = 1e-7)."""
+    q = np.array([THETA0, L, G])
+
+    def final(q_, rtol):
+        return np.asarray(pendulum_at_rest(q_[0], q_[1], q_[2], T_DERIV, rtol=rtol))
+
+    h = 1e-3
+    fd = np.stack([(8 * (final(q + h * e, 1e-11) - final(q - h * e, 1e-11))
+                    - (final(q + 2 * h * e, 1e-11) - final(q - 2 * h * e, 1e-11))) / (12 * h)
+                   for e in np.eye(3)], 1)
+    f = lambda q_: pendulum_at_rest(q_[0], q_[1], q_[2], T_DERIV)   # noqa: E731
+    for transform in (jax.jacfwd, jax.jacrev):
+        J = np.asarray(transform(f)(jnp.asarray(q)))
+        err = np.max(np.abs(J - fd)) / max(np.max(np.abs(fd)), 1.0)
+        assert err <= 1e-5, err
 
 
 @pytest.mark.parametrize("mode", ["jacfwd", "jacrev"])
