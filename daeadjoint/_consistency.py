@@ -308,8 +308,22 @@ def initial_sensitivities(config, inputs, y0, yp0, tangents, k: int):
     s_known = split.diff(y0d - yp0[None] * t0d[:, None])
     sp_known = split.alg(yp0d)
     _, f_lin = jax.linearize(F, y0, yp0, dyn)
+    solve_F = F
+    if config.index2:
+        # Hessenberg index 2: the given part is first moved onto the linearized
+        # constraints, and the rest solves the linearized DAE with each constraint
+        # replaced by its hidden constraint (whose consistency matrix is nonsingular;
+        # the plain C has zero rows there). As `_index2.project` does for the state.
+        from ._index2 import hidden_residual, onto_linearized_constraints
+        s_known = onto_linearized_constraints(f_lin, config.index2, s_known, dd,
+                                              y0, inputs.algebraic, inputs.rtol,
+                                              jnp.broadcast_to(inputs.atol, (n,)))
+        R = hidden_residual(lambda t, y, yp, d: config.residual(t, y, yp, eqx.combine(d, static)),
+                            config.index2)
+        solve_F = lambda y, yp, d: R(t0, y, yp, d)   # noqa: E731
+        _, f_lin = jax.linearize(solve_F, y0, yp0, dyn)
     r0 = jax.vmap(f_lin)(s_known, sp_known, dd)
-    u, singular = consistency_solve(config.linear_solver, lambda t, y, yp, a: F(y, yp, a),
+    u, singular = consistency_solve(config.linear_solver, lambda t, y, yp, a: solve_F(y, yp, a),
                                     t0, y0, yp0, dyn, split, -r0)
     s0 = s_known + split.alg(u)
     sp0 = split.diff(u) + sp_known

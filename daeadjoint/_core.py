@@ -59,8 +59,10 @@ class Config(eqx.Module):
     auto_split: bool = eqx.field(static=True, default=False)
     # An `algebraic` mask was given: check it (`mask_violation`, `newton_solve`).
     check_algebraic: bool = eqx.field(static=True, default=False)
-    # Index-2 variables were declared (`Inputs.index2`): derivatives are refused.
-    index2: bool = eqx.field(static=True, default=False)
+    # The index-2 variables (and constraint equations) declared with `index2=`
+    # (`Inputs.index2`), as static indices: the consistent initial sensitivities
+    # (`_consistency.initial_sensitivities`) select the constraint rows by them.
+    index2: tuple[int, ...] = eqx.field(static=True, default=())
     # `solve` was called under a `vmap` over an explicitly sharded mesh axis: the
     # primal run is a primitive too (`autodiff.forward_p`), so that every integration
     # of the batch is split over the devices by `shard_map` (`batching.py`).

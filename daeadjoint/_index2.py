@@ -239,3 +239,50 @@ def project(residual, t0, y0, yp0, args, index2: np.ndarray, algebraic, rtol, at
     rows = jnp.asarray(np.flatnonzero(index2))
     return _project(residual, t0, y0, yp0, args, rows, jnp.asarray(algebraic, bool), rtol,
                     jnp.broadcast_to(atol, y0.shape))
+
+
+# ------------------------------------------------- consistent initial sensitivities
+
+
+def hidden_residual(residual, rows: tuple):
+    """R(t, y, y', args): F with each index-2 constraint (the equations `rows`) replaced
+    by its hidden constraint dF_i/dt = ∂F_i/∂t + ∂F_i/∂y·y' (one `jax.jvp`). For
+    x' = f(t, x, z), 0 = g(t, x), its consistency matrix for the unknowns (x', z) is
+    [[I, −f_z], [g_x, 0]] (with any index-1 rows beside): nonsingular exactly when
+    g_x f_z is — the index-reduced system of `project` (stage 2)."""
+    idx = jnp.asarray(rows)
+
+    def R(t, y, yp, args):
+        f = residual(t, y, yp, args)
+        _, gdot = jax.jvp(lambda t_, y_: residual(t_, y_, yp, args)[idx], (t, y),
+                          (jnp.ones_like(t), yp))
+        return f.at[idx].set(gdot)
+
+    return R
+
+
+def onto_linearized_constraints(f_lin, rows: tuple, s, args_dot, y0, algebraic, rtol, atol):
+    """The differential parts `s` (k, n) of k initial sensitivities moved onto the
+    linearized index-2 constraints g_x s + g_p ṗ = 0 — the least change in the error
+    weights' norm, the linearization of `project`'s stage 1 at a consistent point:
+
+        s ← s − D Gᵀ (G D Gᵀ)⁻¹ (G s + g_p ṗ),    D = diag(differential) W⁻²,
+        W⁻¹ = rtol |y0| + atol, G = g_x,
+
+    so that a derivative with respect to y0 (with `init=None`) is the derivative of the
+    solve from the projected y0 (`init="ya_ydp"`) and a parameter in g moves x(t0) with
+    it. A direction already on the linearized constraints is left as it is (the map is
+    a projection). `f_lin(s, s', ṗ)`: the residual's linearization at (t0, y0, y'0),
+    whose rows `rows` are G s + g_p ṗ (a Hessenberg constraint has no y'); `args_dot`:
+    the k directions' ṗ (leading axis k)."""
+    idx = jnp.asarray(rows)
+    zero = jnp.zeros_like(y0)
+    c = jax.vmap(lambda s_, a: f_lin(s_, zero, a)[idx])(s, args_dot)
+    zero_a = jax.tree_util.tree_map(lambda x: jnp.zeros_like(x[0]), args_dot)
+    lin_y = lambda v: f_lin(v, zero, zero_a)[idx]   # noqa: E731
+    # G (m, n) by m vector–Jacobian products of the constraint rows (G is linear in v).
+    _, vjp = jax.vjp(lin_y, zero)
+    G = jax.vmap(lambda e: vjp(e)[0])(jnp.eye(len(rows), dtype=y0.dtype))
+    d = jax.lax.stop_gradient(jnp.where(algebraic, 0.0, rtol * jnp.abs(y0) + atol) ** 2)
+    mu = jnp.linalg.solve((G * d) @ G.T, c.T).T          # (k, m)
+    return s - (mu @ G) * d

@@ -334,9 +334,11 @@ def solve(
       projects them: y0's differential part the least change (error weights' norm)
       onto the constraints, then y' of the differential variables and the algebraic
       variables from the other equations and the hidden constraints (up to 1000
-      unknowns); `init="y"` is refused. Derivatives of such a solve (`grad`,
-      `jacfwd`, ...) are not yet available and raise an error; `breakpoints` are
-      refused too. Default None: index ≤ 1.
+      unknowns); `init="y"` is refused. First derivatives: forward sensitivities
+      (`jvp`, `jacfwd`) and the discrete adjoint (`grad`, `jacrev`; the default
+      `sensitivity` with `index2`), from initial sensitivities made consistent as
+      `init="ya_ydp"` makes the state; `sensitivity=Adjoint()` and second derivatives
+      raise an error, and `breakpoints` are refused. Default None: index ≤ 1.
     - `init`: None (take y0, yp0 as consistent), `"ya_ydp"` (compute the algebraic part of
       y0 and the differential part of y'0 from the differential part of y0), or `"y"`
       (compute all of y0 from y'0).
@@ -355,7 +357,8 @@ def solve(
       `DiscreteAdjoint()` (the adjoint of the recorded steps, like diffrax's
       `RecursiveCheckpointAdjoint`).
       None (default) chooses: `Adjoint()` for up to 32 output times, `DiscreteAdjoint()`
-      for more (its cost does not grow with the number of observations).
+      for more (its cost does not grow with the number of observations) and always
+      with `index2` (the continuous adjoint refuses index-2 solves).
     - `forward_sensitivity`: options of forward mode, `ForwardSensitivity()` by default
       (staggered corrector, full error control).
     - `throw`: raise on failure (`equinox.EquinoxRuntimeError`: from `solve` itself
@@ -466,7 +469,10 @@ def solve(
     if not check_algebraic and not auto_split:
         algebraic = _structural_algebraic(residual, t0, y0, yp0, args, algebraic)
     if sensitivity is None:
-        sensitivity = Adjoint() if saveat.shape[0] <= MANY_OBSERVATIONS else DiscreteAdjoint()
+        # With `index2` reverse mode is the discrete adjoint: the continuous adjoint's
+        # index-2 final conditions (Li & Petzold, DASPKADJOINT §4.2) are not implemented.
+        sensitivity = (Adjoint() if saveat.shape[0] <= MANY_OBSERVATIONS and index2_mask is None
+                       else DiscreteAdjoint())
     _check_sensitivity(sensitivity)
     if forward_sensitivity is None:
         forward_sensitivity = ForwardSensitivity()
@@ -502,7 +508,7 @@ def solve(
         progress=(100 if progress is True else int(progress)),
         auto_split=auto_split, explicit_batch=_explicit_batch(),
         dense=(2 if dense else (1 if steps else 0)), check_algebraic=check_algebraic,
-        index2=index2_mask is not None)
+        index2=() if index2_mask is None else tuple(int(i) for i in np.flatnonzero(index2_mask)))
     inputs = Inputs(t0=t0, t1=t1, y0=y0, yp0=yp0, args=args, saveat=saveat,
                     breakpoints=_check_breakpoints(breakpoints, dtype),
                     algebraic=algebraic, rtol=rtol, atol=atol, quad_rtol=quad_rtol,

@@ -19,7 +19,7 @@ import pytest
 from scipy.integrate import solve_ivp
 
 import daeadjoint as dae
-from .testset import fekete, tube
+from .testset import FEKETE_ALPHA, fekete, tube
 
 
 # ------------------------------------------------- a linear problem with closed form
@@ -191,16 +191,269 @@ def test_mask_errors():
         dae.solve(pendulum, 0.0, 1.0, y0, yp0, (L, G), index2=np.ones(4, bool))
 
 
-def test_derivatives_refused():
+# ------------------------------------------------------------------- derivatives
+# Bounds of the derivative tests: the sensitivities are integrated under full error
+# control (forward) or are the exact derivatives of the computed steps (discrete
+# adjoint), so their global error is bounded like the solution's (module docstring):
+# 100·rtol on the differential variables and 1000·rtol on the index-2 variables,
+# relative to the size of the derivative (floored at 1).
+DERIV_RTOL = 1e-9
+
+
+def _check_derivative(J, ref, index2_cols, rtol=DERIV_RTOL):
+    """J, ref: (outputs, inputs); `index2_cols`: the outputs that are index-2 variables."""
+    J, ref = np.asarray(J), np.asarray(ref)
+    scale = np.maximum(np.max(np.abs(ref)), 1.0)
+    err = np.abs(J - ref) / scale
+    diff = np.delete(err, index2_cols, axis=0)
+    assert np.max(diff) <= 100 * rtol, np.max(diff) / rtol
+    if index2_cols:
+        assert np.max(err[index2_cols]) <= 1000 * rtol, np.max(err[index2_cols]) / rtol
+
+
+def pendulum_of(theta, omega, length, g):
+    """(x, y, u, v, λ) of the angle, angular velocity, radius and gravity (JAX)."""
+    s, c = jnp.sin(theta), jnp.cos(theta)
+    return jnp.stack([length * s, -length * c, length * c * omega, length * s * omega,
+                      omega ** 2 + (g / length) * c])
+
+
+def angle_ode_sensitivities(theta0, omega0, length, g, t1):
+    """θ(t1), θ'(t1) of θ'' = −(g/L) sin θ and their derivatives with respect to
+    q = (θ0, θ'0, L, g), from the variational equations S'' = −(g/L) cos θ S −
+    sin θ ∂(g/L)/∂q, all by scipy's DOP853 at 1e-13 (an independent method, its error
+    far below the bounds)."""
+    dk = np.array([0.0, 0.0, -g / length ** 2, 1.0 / length])   # ∂(g/L)/∂q
+
+    def rhs(t, z):
+        th, om, st, so = z[0], z[1], z[2:6], z[6:10]
+        return np.concatenate([[om, -(g / length) * np.sin(th)], so,
+                               -(g / length) * np.cos(th) * st - np.sin(th) * dk])
+
+    z0 = np.concatenate([[theta0, omega0], [1.0, 0, 0, 0], [0, 1.0, 0, 0]])
+    z = solve_ivp(rhs, (0.0, t1), z0, method="DOP853", rtol=1e-13, atol=1e-13).y[:, -1]
+    return z[0], z[1], z[2:6], z[6:10]
+
+
+def pendulum_final_jacobian(theta0, omega0, length, g, t1):
+    """d(x, y, u, v, λ)(t1)/dq, q = (θ0, θ'0, L, g), by the chain rule through
+    `pendulum_of` and the angle ODE's sensitivities."""
+    th, om, s_th, s_om = angle_ode_sensitivities(theta0, omega0, length, g, t1)
+    partial = np.stack(jax.jacfwd(pendulum_of, argnums=(0, 1, 2, 3))(th, om, length, g), 1)
+    return partial[:, :2] @ np.stack([s_th, s_om]) + partial[:, 2:] @ np.eye(4)[2:]
+
+
+def pendulum_at_rest(theta0, length, g, t1, rtol=DERIV_RTOL, **kw):
+    """The index-2 pendulum from rest at θ0, radius `length`, gravity g: (x, y, u, v, λ)
+    at t1. (The residual reads g from args; the radius is set by y0.)"""
+    y0 = pendulum_of(theta0, 0.0 * theta0, length, g)
+    acc = -(g / length) * jnp.sin(theta0)
+    yp0 = jnp.stack([0.0 * acc, 0.0 * acc, length * jnp.cos(theta0) * acc,
+                     length * jnp.sin(theta0) * acc, 0.0 * acc])
+    return dae.solve(pendulum, 0.0, t1, y0, yp0, (length, g), index2=PENDULUM_INDEX2,
+                     rtol=rtol, atol=rtol, **kw).ys[-1]
+
+
+T_DERIV = 2.0
+
+
+@pytest.mark.parametrize("mode", ["jacfwd", "jacrev"])
+def test_pendulum_parameter_derivatives(mode):
+    """d(x, y, u, v, λ)(T)/d(θ0, L, g) — the initial angle and the radius through y0,
+    gravity through args — by forward sensitivities (jacfwd) and by the discrete
+    adjoint (jacrev, the default reverse mode with `index2`), against the angle ODE's
+    variational equations (exact up to DOP853's 1e-13)."""
+    q = jnp.array([THETA0, L, G])
+    f = lambda q_: pendulum_at_rest(q_[0], q_[1], q_[2], T_DERIV)   # noqa: E731
+    J = (jax.jacfwd if mode == "jacfwd" else jax.jacrev)(f)(q)
+    ref = pendulum_final_jacobian(THETA0, 0.0, L, G, T_DERIV)[:, [0, 2, 3]]
+    _check_derivative(J, ref, [4])
+
+
+# ~1 min (13 solves at rtol 1e-11); the default suite checks the same derivatives against
+# the angle ODE's variational equations (test_pendulum_parameter_derivatives).
+@pytest.mark.slow
+def test_pendulum_derivatives_central_differences():
+    """The same derivatives (forward and reverse) against fourth-order central
+    differences of solves at rtol 1e-11 with step 1e-3: truncation ~1e-12, noise ~
+    1.5·(100·1e-11)/1e-3 = 1.5e-6 (the stencil's weights times the solves' global error
+    over the step). Bound: 1e-5 of the derivative's size, which covers that noise (the
+    derivatives themselves are within 100·DERIV_RTOL = 1e-7)."""
+    q = np.array([THETA0, L, G])
+
+    def final(q_, rtol):
+        return np.asarray(pendulum_at_rest(q_[0], q_[1], q_[2], T_DERIV, rtol=rtol))
+
+    h = 1e-3
+    fd = np.stack([(8 * (final(q + h * e, 1e-11) - final(q - h * e, 1e-11))
+                    - (final(q + 2 * h * e, 1e-11) - final(q - 2 * h * e, 1e-11))) / (12 * h)
+                   for e in np.eye(3)], 1)
+    f = lambda q_: pendulum_at_rest(q_[0], q_[1], q_[2], T_DERIV)   # noqa: E731
+    for transform in (jax.jacfwd, jax.jacrev):
+        J = np.asarray(transform(f)(jnp.asarray(q)))
+        err = np.max(np.abs(J - fd)) / max(np.max(np.abs(fd)), 1.0)
+        assert err <= 1e-5, err
+
+
+@pytest.mark.parametrize("mode", ["jacfwd", "jacrev"])
+def test_pendulum_initial_value_derivatives(mode):
+    """Derivatives with respect to y0 itself, whose directions off the constraint
+    x u + y v = 0 (a velocity with a radial part) are moved onto its linearization the
+    least in the error weights' norm — the derivative of the solve from y0 projected by
+    `init="ya_ydp"` (docs/index2.md). At rest the constraint's gradient is (0, 0, x, y),
+    so (δu, δv) is projected onto the tangent (cos θ, sin θ): δθ'0 = (cos θ δu +
+    sin θ δv)/L; (δx, δy) changes the angle and the radius, δθ0 = (cos θ δx + sin θ
+    δy)/L, δL = sin θ δx − cos θ δy; λ and y'0 are determined by them (zero columns).
+    Reference: the angle ODE's sensitivities through that map."""
     y0, yp0 = pendulum_initial()
 
-    def final_x(length):
-        return dae.solve(pendulum, 0.0, 1.0, y0, yp0, (length, G),
-                         index2=PENDULUM_INDEX2).ys[-1, 0]
+    def f(y, init=None):
+        return dae.solve(pendulum, 0.0, T_DERIV, y, yp0, (L, G), index2=PENDULUM_INDEX2,
+                         rtol=DERIV_RTOL, atol=DERIV_RTOL, init=init).ys[-1]
 
-    for transform in (jax.grad, jax.jacfwd):
-        with pytest.raises(ValueError, match=r"index2=.* not yet supported"):
-            transform(final_x)(L)
+    J = (jax.jacfwd if mode == "jacfwd" else jax.jacrev)(f)(y0)
+    s, c = np.sin(THETA0), np.cos(THETA0)
+    dq_dy0 = np.array([[c / L, s / L, 0, 0, 0],      # θ0
+                       [0, 0, c / L, s / L, 0],      # θ'0
+                       [s, -c, 0, 0, 0],             # L (the radius)
+                       [0, 0, 0, 0, 0]])             # g
+    ref = pendulum_final_jacobian(THETA0, 0.0, L, G, T_DERIV) @ dq_dy0
+    _check_derivative(J, ref, [4])
+    if mode == "jacfwd":
+        # The same through the projection itself (init="ya_ydp", differentiated by JAX).
+        _check_derivative(jax.jacfwd(lambda y: f(y, "ya_ydp"))(y0), ref, [4])
+        # y'0 is determined by y0: zero derivative. (y'_λ, which no equation reads,
+        # only enters s_λ's BDF predictor, which the corrector replaces: what remains
+        # is rounding, 1e-41 here; bound: 1e-14, rounding relative to the O(1) outputs.)
+        Jp = jax.jacfwd(lambda yp: dae.solve(pendulum, 0.0, T_DERIV, y0, yp, (L, G),
+                                             index2=PENDULUM_INDEX2).ys[-1])(yp0)
+        assert np.max(np.abs(np.asarray(Jp))) <= 1e-14
+
+
+# A constraint with parameters: x1' = z − x2, x2' = z − 2 x2, 0 = x1 − a sin t − b.
+# Closed form: x1 = a sin t + b; the hidden constraint x1' = a cos t gives
+# z = a cos t + x2, so x2' = a cos t − x2: x2 = a (cos t + sin t)/2 + (x2(0) − a/2) e^{−t}.
+def linear_p(t, y, yp, args):
+    a, b = args
+    return jnp.stack([yp[0] + y[1] - y[2], yp[1] + 2.0 * y[1] - y[2],
+                      y[0] - a * jnp.sin(t) - b])
+
+
+def linear_p_derivatives(ts):
+    """d(x1, x2, z, ∫x2, ∫z)/d(a, b, t0) at ts, t0 = 0, with y0 fixed (x2(t0) = 1):
+    ∂x1/∂a = sin t, ∂x1/∂b = 1, ∂x2/∂a = (cos t + sin t − e^{−t})/2,
+    ∂z/∂a = cos t + ∂x2/∂a, their integrals from 0: (sin t − cos t + e^{−t})/2 and
+    sin t + that; nothing else on b. Moving t0 with y0 fixed starts x2 at 1 at t0:
+    ∂x2/∂t0 = ∂z/∂t0 = c e^{−t}, c = x2(0) − a (cos 0 + sin 0)/2 − a (cos 0 − sin 0)/2
+    = 1 − a; ∂∫x2/∂t0 = −x2(0) + c (1 − e^{−t}), ∂∫z/∂t0 = −z(0) + c (1 − e^{−t})."""
+    a = LINEAR_P[0]
+    da_x2 = (np.cos(ts) + np.sin(ts) - np.exp(-ts)) / 2
+    da_q2 = (np.sin(ts) - np.cos(ts) + np.exp(-ts)) / 2
+    da = np.stack([np.sin(ts), da_x2, np.cos(ts) + da_x2, da_q2, np.sin(ts) + da_q2], -1)
+    db = np.stack([np.ones_like(ts), 0 * ts, 0 * ts, 0 * ts, 0 * ts], -1)
+    c, decay = 1.0 - a, np.exp(-ts)
+    dt0 = np.stack([0 * ts, c * decay, c * decay, -1.0 + c * (1 - decay),
+                    -(a + 1.0) + c * (1 - decay)], -1)
+    return np.stack([da, db, dt0], -1)    # (n_save, 5, 3)
+
+
+LINEAR_P = (0.8, 0.3)
+LINEAR_P_TS = np.array([1.0, 2.5, 4.0])
+
+
+def linear_p_solve(p, sensitivity=None, follow=False, t0=0.0):
+    """Without `follow`, y0 is consistent at LINEAR_P but fixed (it does not follow b):
+    the derivative with respect to b comes from moving x1(0) onto the linearized
+    constraint δx1 − δb = 0, i.e. from the constraint's own dependence on p. With it,
+    y0 and y'0 are the consistent ones of p (the same derivatives). y0 is given at t0
+    (a start time other than 0 moves it off the constraint: x1(t0) is projected)."""
+    a0, b0 = p if follow else LINEAR_P
+    x20 = 1.0
+    y0 = jnp.array([b0, x20, a0 + x20])
+    yp0 = jnp.array([a0, a0 - x20, 0.0])
+    sol = dae.solve(linear_p, t0, 4.0, y0, yp0, (p[0], p[1]), index2=LINEAR_INDEX2,
+                    saveat=jnp.asarray(LINEAR_P_TS), rtol=DERIV_RTOL, atol=DERIV_RTOL,
+                    quadrature=lambda t, y, yp, args: y[1:], sensitivity=sensitivity)
+    return jnp.concatenate([sol.ys, sol.qs], axis=1)    # (x1, x2, z, ∫x2, ∫z)
+
+
+@pytest.mark.parametrize("mode", ["jacfwd", "jacrev"])
+def test_parameter_dependent_constraint(mode):
+    """Forward sensitivities and the discrete adjoint of a problem whose index-2
+    constraint depends on the parameters (the case where the continuous adjoint needs
+    the extra term of Li & Petzold, DASPKADJOINT §5.6), with quadratures of a
+    differential and the index-2 variable, and the start time (y0 fixed: the start moves
+    off the constraint and is projected), against the closed form."""
+    q = jnp.array(LINEAR_P + (0.0,))
+    J = (jax.jacfwd if mode == "jacfwd" else jax.jacrev)(
+        lambda q_: linear_p_solve(q_[:2], t0=q_[2]))(q)
+    ref = linear_p_derivatives(LINEAR_P_TS)
+    for i in range(len(LINEAR_P_TS)):
+        # ∫z integrates the index-2 variable: its bound is z's.
+        _check_derivative(J[i], ref[i], [2, 4])
+
+
+VMAP_PS = jnp.array([[0.8, 0.3], [1.2, -0.5]])
+
+
+def test_vmap_of_index2_gradient():
+    """`vmap` over parameters of the discrete adjoint's gradient: each member against
+    the closed form (bounds as above; ∂x2/∂(a, b) does not depend on (a, b))."""
+    def loss(p):
+        return jnp.sum(linear_p_solve(p, follow=True)[:, 1])      # Σ_i x2(t_i)
+
+    ref = linear_p_derivatives(LINEAR_P_TS)
+    for g in jax.vmap(jax.grad(loss))(VMAP_PS):
+        _check_derivative(np.asarray(g)[None], np.sum(ref[:, 1, :2], 0)[None], [])
+
+
+@pytest.mark.slow   # ~50 s; the default suite keeps vmap of the gradient (above)
+def test_vmap_of_index2_jvp():
+    """`vmap` over parameters of forward sensitivities (∂/∂a), against the closed form."""
+    tangents = jax.vmap(lambda p: jax.jvp(lambda q: linear_p_solve(q, follow=True), (p,),
+                                          (jnp.array([1.0, 0.0]),))[1])(VMAP_PS)
+    ref = linear_p_derivatives(LINEAR_P_TS)
+    for tan in tangents:
+        for i in range(len(LINEAR_P_TS)):
+            _check_derivative(np.asarray(tan[i])[:, None], ref[i][:, :1], [2, 4])
+
+
+def fekete_log_v(alpha, sensitivity=None):
+    """log V(x(T)) of the Fekete problem at rtol 1e-6 from the start of parameters α,
+    V(x) = Π_{i<j} ‖x_i − x_j‖ (the log: V itself is ~3e23)."""
+    y0, yp0 = fekete.initial(fekete.p, alpha)
+    sol = dae.solve(fekete.residual, fekete.t0, fekete.t1, y0, yp0, fekete.params(),
+                    algebraic=fekete.algebraic, index2=fekete.index2, rtol=1e-6, atol=1e-6,
+                    sensitivity=sensitivity)
+    pos = sol.ys[-1, :60].reshape(20, 3)
+    i, j = np.triu_indices(20, 1)
+    return jnp.sum(jnp.log(jnp.linalg.norm(pos[i] - pos[j], axis=1)))
+
+
+@pytest.mark.slow   # n = 160 with 8 sensitivity directions: ~2 min of compilation and run
+def test_fekete_sensitivities_vanish():
+    """Li & Petzold, DASPKADJOINT §7.3, Table 4: V(x(T)) at the maximum it converges to
+    does not depend on the start, so ∂V/∂α_i = 0 for the eight parameters of the start
+    (their forward sensitivities: ~4e-11, their adjoint's: within the tolerance 1e-4).
+    Forward sensitivities of log V, bound: rtol = 1e-6 (relative to V; measured
+    ≤ 3e-15)."""
+    alpha = jnp.asarray(FEKETE_ALPHA)
+    J = jax.jacfwd(fekete_log_v)(alpha)
+    assert np.max(np.abs(np.asarray(J))) <= 1e-6, J
+    # The discrete adjoint (measured ≤ 3e-11), same bound.
+    g = jax.grad(fekete_log_v)(alpha)
+    assert np.max(np.abs(np.asarray(g))) <= 1e-6, g
+
+
+def test_derivatives_refused_where_not_available():
+    """The continuous adjoint (`Adjoint`) and second-order derivatives are not
+    available with `index2`: clear errors that name what works, raised while JAX
+    traces the derivative (`eval_shape`: nothing is solved)."""
+    p = jnp.array(LINEAR_P)
+    with pytest.raises(ValueError, match=r"sensitivity=DiscreteAdjoint\(\)"):
+        jax.eval_shape(jax.grad(lambda p: linear_p_solve(p, dae.Adjoint())[-1, 0]), p)
+    with pytest.raises(ValueError, match="second-order derivatives"):
+        jax.eval_shape(jax.hessian(lambda p: linear_p_solve(p)[-1, 0]), p)
 
 
 def test_undeclared_index3_fails_clearly():

@@ -95,12 +95,6 @@ def _core_function(static, record: bool):
                 "options (e.g. Adjoint(rtol=..., atol=...)): wrap them in "
                 "jax.lax.stop_gradient.")
         t = input_tangents(inputs, inputs_dot)
-        if config.index2 and t is not None:
-            raise ValueError(
-                "daeadjoint: derivatives (grad, jacrev, jvp, jacfwd, ...) of a solve with "
-                "`index2=` are not yet supported: the index-2 adjoint and sensitivity "
-                "equations are not implemented. Differentiate with respect to t1/saveat "
-                "only, or wrap the inputs in jax.lax.stop_gradient.")
         if not record and not config.dense and t is not None and not being_linearized(t):
             # Pure forward mode (jvp, jacfwd): the state and its sensitivities in one run.
             out, dots = filter_primitive_bind(primal_tangent_p, config, inputs, t, None)
@@ -257,6 +251,8 @@ def augmented(config, inputs: Inputs, u: Tangents):
     """T(x, u) = ((yd, qs), (L(x) u)) from one solve of the augmented DAE (G) (see the
     module docstring), differentiable in `inputs`' differentiable part and in `u` (one
     direction, all parts present)."""
+    if config.index2:
+        raise ValueError(INDEX2_SECOND_ORDER_MESSAGE)
     n = inputs.y0.shape[0]
     y0, yp0, _, _ = consistent_values(config, inputs)
     one = jax.tree_util.tree_map(lambda x: x[None], u)
@@ -363,6 +359,8 @@ def _tangent_jvp(primals, tangents):
             return out, None
         t_dot = _restrict(_full(inputs, t_dot, _lead(ndir)), _wanted(t))
         return out, filter_primitive_bind(tangent_p, config, inputs, rec, t_dot, ndir)
+    if config.index2:
+        raise ValueError(INDEX2_SECOND_ORDER_MESSAGE)
     xd = _differentiable_part(inputs)
     xd_dot = _full(inputs, x_dot)
     xd_dot = (xd_dot.t0, xd_dot.y0, xd_dot.yp0, xd_dot.args)
@@ -411,8 +409,28 @@ def _linear_fields(t) -> Tangents:
                        for f in ("t0", "y0", "yp0", "args")})
 
 
+INDEX2_SECOND_ORDER_MESSAGE = (
+    "daeadjoint: second-order derivatives (Hessians, jvp of grad, jacfwd of jacfwd, ...) "
+    "of a solve with `index2=` are not supported (the augmented sensitivity DAE is not "
+    "declared index 2). First-order derivatives work: jax.jvp/jax.jacfwd (forward "
+    "sensitivities) and jax.grad/jax.jacrev with sensitivity=DiscreteAdjoint().")
+
+INDEX2_ADJOINT_MESSAGE = (
+    "daeadjoint: reverse mode (grad, jacrev, vjp) of a solve with `index2=` needs "
+    "sensitivity=DiscreteAdjoint() (the default there): the continuous adjoint's index-2 "
+    "final conditions (Li & Petzold, DASPKADJOINT §4.2) are not implemented. Forward "
+    "mode (jax.jvp, jax.jacfwd) works with any `sensitivity`.")
+
+
+def _check_index2_reverse(config):
+    from .discrete_adjoint import DiscreteAdjoint
+    if config.index2 and not isinstance(config.reverse, DiscreteAdjoint):
+        raise ValueError(INDEX2_ADJOINT_MESSAGE)
+
+
 def _tangent_transpose(inputs_all, cts_out):
     config, inputs, rec, t, ndir = inputs_all
+    _check_index2_reverse(config)
     wanted = _linear_fields(t)
     shapes = _tangent_abstract(config, inputs, rec, t, ndir)
     cts = tuple(jnp.zeros(sh.shape, sh.dtype) if c is None else c
@@ -437,6 +455,7 @@ tangent_p = create_vprim(
 
 def _cotangent_impl(config, inputs, rec, ct, wanted, ndir):
     """The reverse pass; a batch of cotangents (ndir) shares one backward integration."""
+    _check_index2_reverse(config)
     ctk = ct if ndir is not None else jax.tree_util.tree_map(lambda x: x[None], ct)
     out, result = config.reverse.backward(config, inputs, rec, ctk, wanted)
     out = _flag_failure(config, result, rec.result, out)
@@ -471,6 +490,8 @@ def _cotangent_jvp(primals, tangents):
         ct_dot = tuple(jnp.zeros_like(c) if d is None else d for c, d in zip(ct, ct_dot))
         out_dot = filter_primitive_bind(cotangent_p, config, inputs, rec, ct_dot, wanted, ndir)
     if x_dot is not None:
+        if config.index2:
+            raise ValueError(INDEX2_SECOND_ORDER_MESSAGE)
         h = filter_primitive_bind(hessian_p, config, inputs, ct, x_dot, wanted, ndir)
         out_dot = h if out_dot is None else jax.tree_util.tree_map(jnp.add, out_dot, h)
     return out, out_dot

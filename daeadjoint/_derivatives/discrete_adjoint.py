@@ -38,7 +38,8 @@ from jaxtyping import Array
 
 from .._bdf import (NPHI, complete_history, derivative_weights, interpolation_weights, predict,
                     scale_history, set_coefficients)
-from .._consistency import after, before, consistent_values, restart_point, split_at
+from .._consistency import (after, before, consistent_values, initial_sensitivities,
+                            restart_point, split_at)
 from .._core import Tangents
 from .._events import observations
 from .._integrator import CheckpointRecorder, StepLog
@@ -365,6 +366,9 @@ def initial_value_tangents(rp: _Replay, inputs, rec, phi_bar, phiq_bar, p_bar, w
     (`reverse_tangents_at_t0`)."""
     config, t0 = rp.config, inputs.t0
     y0c, yp0c, h1 = rec.y0, rec.yp0, rec.log.h[0]
+    if config.index2:
+        return _index2_initial_value_tangents(rp, inputs, rec, phi_bar, phiq_bar, p_bar, w,
+                                              p_flat, unravel, pd, pst, p_events)
 
     def from_inputs(y0_, yp0_, p):
         inp = dataclasses.replace(inputs, y0=y0_, yp0=yp0_, args=eqx.combine(unravel(p), pst))
@@ -384,3 +388,36 @@ def initial_value_tangents(rp: _Replay, inputs, rec, phi_bar, phiq_bar, p_bar, w
         ypbar0 = jnp.zeros_like(ypbar0)
     return reverse_tangents_at_t0(config, inputs, split, ybar0, y0c, yp0c, w, p_bar, unravel,
                                   pd, p_events, y0_bar=ybar0, yp0_bar=ypbar0)
+
+
+def _index2_initial_value_tangents(rp: _Replay, inputs, rec, phi_bar, phiq_bar, p_bar, w,
+                                   p_flat, unravel, pd, pst, p_events) -> Tangents:
+    """`initial_value_tangents` for a Hessenberg index-2 DAE: the cotangents on the
+    initial history pulled back through the linear map (δt0, δy0, δp) ↦ (s(t0), s'(t0))
+    of the consistent initial sensitivities (`_consistency.initial_sensitivities`: δy0's
+    differential part moved onto the linearized constraints, the rest from the
+    linearized index-reduced system) — its transpose, by `jax.vjp` of that linear map.
+    y'0 and the algebraic part of y0 are determined by the rest: zero cotangent."""
+    config, t0 = rp.config, inputs.t0
+    y0c, yp0c, h1 = rec.y0, rec.yp0, rec.log.h[0]
+
+    def history_tangent(t0d, y0d, pdot):
+        tan = Tangents(t0=t0d[None], y0=y0d[None],
+                       args=jax.tree_util.tree_map(lambda x: x[None], unravel(pdot)))
+        s0, sp0, _, _, _ = initial_sensitivities(config, inputs, y0c, yp0c, tan, 1)
+        _, (phi_dot, phiq_dot, _) = jax.jvp(
+            lambda y, yp, p: _initial_history(rp, t0, y, yp, h1, p),
+            (y0c, yp0c, p_flat), (s0[0], sp0[0], pdot))
+        return phi_dot, phiq_dot
+
+    zeros = (jnp.zeros_like(t0), jnp.zeros_like(y0c), jnp.zeros_like(p_flat))
+    _, vjp0 = jax.vjp(history_tangent, *zeros)
+    t0bar, ybar0, pb0 = jax.vmap(vjp0)((phi_bar, phiq_bar))
+    # The shared tail adds the quadratures' −w·q(t0) to t̄0 (a zero state cotangent
+    # makes its own trajectory-shift term vanish: that one is in t0bar already).
+    split = split_at(config.auto_split, config.residual, t0, y0c, yp0c, inputs.args,
+                     inputs.algebraic)
+    out = reverse_tangents_at_t0(config, inputs, split, jnp.zeros_like(ybar0), y0c, yp0c, w,
+                                 p_bar + pb0, unravel, pd, p_events, y0_bar=ybar0,
+                                 yp0_bar=jnp.zeros_like(ybar0))
+    return dataclasses.replace(out, t0=out.t0 + t0bar)
