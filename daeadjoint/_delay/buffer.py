@@ -23,6 +23,19 @@ a few ulps of the time scale: −δ (left limit) unless t lies a few ulps past a
 breakpoint. (For the values this matters only where y itself jumps — an algebraic
 component whose history is inconsistent at t0 — but the derivatives w.r.t. τ see
 −y'(t − τ) and y' jumps at t0.)
+
+Lagged derivatives (`derivatives=True`, for the forward-sensitivity system's term
+−y'(t − τ)·τ̇). The derivative of the piecewise interpolant jumps at every past step
+boundary (each step's polynomial has its own slope there, different by the local error
+over h — after a restart at order 1 by h·y''/2). Where y'(t − τ) enters an *algebraic*
+equation of the variational system (an algebraic variable fed by a lagged state, e.g. a
+delayed controller), such a jump is a jump of an algebraic sensitivity, which no step
+size resolves: the error test fails until the step size underflows. So the lagged
+derivative is made continuous: on step j = [a, b] it is p_j'(s) + (1 − θ)·d_j,
+θ = (s − a)/(b − a), where d_j = p_{j−1}'(a) − p_j'(a) is the jump of the slopes at the
+step's left end — O(h^k) like the local error, so the order of the polynomials is kept —
+and the right end is left as it is (the next step corrects its own left end). A step
+starting at t0 or at a breakpoint (where y' may jump) has d_j = 0.
 """
 
 import dataclasses
@@ -57,18 +70,28 @@ class DelayBuffer(eqx.Module):
     t_last: Float[Array, ""]
     count: Int[Array, ""]
     lost: Bool[Array, ""]
+    # With `continuous_slopes` (lagged derivatives wanted): each step's jump of the
+    # slopes at its left end, d_j, and the newest step's slope at its right end.
+    slope_jump: Float[Array, "C n"] | None = None
+    yp_last: Float[Array, " n"] | None = None
     per_step = True          # a recorder of the step loop (`_integrator.integrate`)
 
     @classmethod
-    def empty(cls, t0, tau_max, breakpoints, capacity: int, n: int, dtype) -> "DelayBuffer":
+    def empty(cls, t0, tau_max, breakpoints, capacity: int, n: int, dtype,
+              continuous_slopes: bool = False) -> "DelayBuffer":
+        """An empty ring of `capacity` steps; `continuous_slopes`: also keep what makes
+        the lagged derivatives continuous (module docstring)."""
         inf = jnp.asarray(jnp.inf, dtype)
         t0 = jnp.asarray(t0, dtype)
+        slopes = jnp.zeros((capacity, n), dtype) if continuous_slopes else None
         return cls(t0=t0, tau_max=jnp.asarray(tau_max, dtype), breakpoints=breakpoints,
                    t_left=jnp.full((capacity,), inf), t_right=jnp.full((capacity,), -inf),
                    phi=jnp.zeros((capacity, NPHI, n), dtype),
                    psi=jnp.ones((capacity, NPHI), dtype),
                    k_used=jnp.ones((capacity,), jnp.int32), t_last=t0,
-                   count=jnp.zeros((), jnp.int32), lost=jnp.zeros((), bool))
+                   count=jnp.zeros((), jnp.int32), lost=jnp.zeros((), bool),
+                   slope_jump=slopes,
+                   yp_last=None if slopes is None else jnp.zeros((n,), dtype))
 
     @property
     def capacity(self) -> int:
@@ -85,11 +108,24 @@ class DelayBuffer(eqx.Module):
         def put(buf, value):
             return buf.at[i].set(jnp.where(passed, value, buf[i]))
 
+        slopes = {}
+        if self.yp_last is not None:
+            # The step polynomial's slopes at both ends; the jump at the left end against
+            # the previous step's right slope, none where the step starts at t0 or at a
+            # breakpoint (y' may jump there).
+            right = derivative_weights(s.t, s.t, s.psi, s.k_used, 1)[1] @ s.phi
+            left = derivative_weights(self.t_last, s.t, s.psi, s.k_used, 1)[1] @ s.phi
+            fresh = self.count == 0
+            if self.breakpoints is not None:
+                fresh = fresh | jnp.any(self.breakpoints == self.t_last)
+            jump = jnp.where(fresh, 0.0, self.yp_last - left)
+            slopes = dict(slope_jump=put(self.slope_jump, jump),
+                          yp_last=jnp.where(passed, right, self.yp_last))
         return dataclasses.replace(
             self, t_left=put(self.t_left, self.t_last), t_right=put(self.t_right, s.t),
             phi=put(self.phi, s.phi), psi=put(self.psi, s.psi), k_used=put(self.k_used, s.k_used),
             t_last=jnp.where(passed, s.t, self.t_last), count=self.count + passed.astype(jnp.int32),
-            lost=lost)
+            lost=lost, **slopes)
 
     def just_after_breakpoint(self, t) -> Bool[Array, ""]:
         """t lies a few ulps past a breakpoint (the restart's evaluation point there)."""
@@ -112,7 +148,11 @@ class DelayBuffer(eqx.Module):
         idx = jnp.where(jnp.any(inside, axis=1), jnp.argmax(inside, axis=1), newest)
         w = jax.vmap(lambda si, j: derivative_weights(si, self.t_right[j], self.psi[j],
                                                       self.k_used[j], order))(s, idx)
-        return jnp.einsum("dmj,djn->dmn", w, self.phi[idx]), q
+        out = jnp.einsum("dmj,djn->dmn", w, self.phi[idx])
+        if order >= 1 and self.slope_jump is not None:
+            theta = (s - self.t_left[idx]) / (self.t_right[idx] - self.t_left[idx])
+            out = out.at[:, 1].add((1 - theta)[:, None] * self.slope_jump[idx])
+        return out, q
 
 
 class DelayArgs(eqx.Module):

@@ -390,7 +390,8 @@ def _run(static, dyn, augmented_tangent=None):
     nn = start.shape[0]
     tau_max = jax.lax.stop_gradient(jnp.max(tau))
     buffer = DelayBuffer.empty(jax.lax.stop_gradient(t0), tau_max, dyn["bps"],
-                               static["history_steps"], nn, dtype)
+                               static["history_steps"], nn, dtype,
+                               continuous_slopes=augmented_tangent is not None)
     sol = solve(core_residual, t0, dyn["t1"], start, yp0, DelayArgs(user=user, tau=tau,
                                                                      buffer=buffer),
                 saveat=dyn["saveat"], breakpoints=dyn["bps"], max_step=dyn["max_step"],
