@@ -542,30 +542,33 @@ def test_fallback_whose_replay_fails_reports_the_failure(monkeypatch):
     assert np.isnan(float(g))
 
 
-def _quadrature_decay(k, adjoint):
-    """Outputs y(t) at 7 times and ∫ y² dt of y' = −k y: loss Σ y(t_i) + ∫ y²."""
-    sol = dae.solve(lambda t, y, yp, a: yp + a * y, 0.0, 2.0, jnp.ones(1), args=k,
-                    saveat=jnp.linspace(0.0, 2.0, 7), quadrature=lambda t, y, yp, a: y**2,
+def _quadrature_decay(k, adjoint, n=1):
+    """n copies of y' = −k y observed at 7 times with ∫ y₁² dt: loss Σ y(t_i) + ∫ y₁²."""
+    sol = dae.solve(lambda t, y, yp, a: yp + a * y, 0.0, 2.0, jnp.ones(n), args=k,
+                    saveat=jnp.linspace(0.0, 2.0, 7), quadrature=lambda t, y, yp, a: y[:1]**2,
                     rtol=1e-7, atol=1e-9, sensitivity=adjoint)
     return jnp.sum(sol.ys) + sol.qs[-1, 0]
 
 
-def test_fallback_equals_the_discrete_adjoint_of_the_same_steps():
+# n = 12: the forward run keeps its last segment (`SegmentRecorder.pays`), which the
+# continuous pass reads and the discrete pass replays.
+@pytest.mark.parametrize("n", [1, 12])
+def test_fallback_equals_the_discrete_adjoint_of_the_same_steps(n):
     """Where the continuous adjoint fails (2 adjoint steps allowed), the fallback is the
     discrete adjoint of the primal's own steps, segment by segment from its replays
     (segments of 7 steps: outputs and the quadrature cross many segment boundaries):
     the same gradient as `DiscreteAdjoint(segment=7)`, which differentiates the same
     steps from the primal's step log — equal up to the compiler ordering the same
     arithmetic differently (1e-12 relative) — and within 100·rtol of the exact one
-    (as the exact-solution tests): d/dk [Σ e^{−k t_i} + (1 − e^{−4k})/(2k)]."""
+    (as the exact-solution tests): d/dk [n Σ e^{−k t_i} + (1 − e^{−4k})/(2k)]."""
     every, k = 7, 0.7
     with pytest.warns(RuntimeWarning, match="discrete adjoint"):
         g = float(jax.grad(_quadrature_decay)(k, dae.Adjoint(max_steps=2,
-                                                             checkpoint_every=every)))
-    gd = float(jax.grad(_quadrature_decay)(k, dae.DiscreteAdjoint(segment=every)))
+                                                             checkpoint_every=every), n))
+    gd = float(jax.grad(_quadrature_decay)(k, dae.DiscreteAdjoint(segment=every), n))
     assert abs(g - gd) <= 1e-12 * abs(gd)
     ts = np.linspace(0.0, 2.0, 7)
-    exact = (np.sum(-ts * np.exp(-k * ts)) + 4 * np.exp(-4 * k) / (2 * k)
+    exact = (n * np.sum(-ts * np.exp(-k * ts)) + 4 * np.exp(-4 * k) / (2 * k)
              - (1 - np.exp(-4 * k)) / (2 * k**2))
     assert abs(g - exact) <= 100 * 1e-7 * abs(exact)
 

@@ -542,6 +542,7 @@ def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: _Sweep, i, y
     cks = rec.checkpoints
     n_ck, ck_cap = cks.count, cks.states.t.shape[0]
     t_low = cks.states.t[i]
+    replay_all = jnp.asarray(replay_all, bool)
     need = (t_low < c.t_cur) | (i == 0) | replay_all
     ck = jax.tree_util.tree_map(lambda x: x[i], cks.states)
     # The last segment ends where the forward run did (t1, or the step holding a
