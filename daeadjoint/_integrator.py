@@ -1079,7 +1079,11 @@ class StepRecorder(eqx.Module):
       forward dense output, but its y' jumps at step boundaries. Kept only for
       `hermite=False`: the Hermite nodes need 2n numbers a step, the BDF history 6n, and
       at n ≈ 10³ writing and allocating the unused history cost the backward pass more
-      than its arithmetic.
+      than its arithmetic;
+    - with `log=True`, the segment's step sequence (h_n, k_n): with the node times t_n
+      and the checkpoint the segment starts from, what the discrete adjoint replays the
+      segment from (`Adjoint`'s fallback, `discrete_adjoint.replayed_steps`). Two
+      numbers a step, written with the node.
     """
 
     hermite: bool = eqx.field(static=True)
@@ -1090,19 +1094,24 @@ class StepRecorder(eqx.Module):
     psi: Float[Array, "N 6"]
     k_used: Int[Array, " N"]
     count: Int[Array, ""]
+    h_step: Float[Array, " N"]         # (`log=True` only; else no rows)
+    k_step: Int[Array, " N"]
     # False: recorded by `integrate`'s outer loop after each accepted step, so that the
     # step loop itself never touches the buffer (see `integrate`: on small systems that
     # keeps the step loop off XLA's thread pool; Robertson's backward pass 10-15 %).
     per_step: bool = eqx.field(static=True, default=True)
 
     @classmethod
-    def create(cls, capacity: int, n: int, dtype, hermite: bool = True, per_step: bool = True):
+    def create(cls, capacity: int, n: int, dtype, hermite: bool = True, per_step: bool = True,
+               log: bool = False):
         cap_h = 0 if hermite else capacity
+        cap_l = capacity if log else 0
         return cls(hermite=hermite, per_step=per_step, t=jnp.full((capacity + 1,), jnp.inf, dtype),
                    y=jnp.zeros((capacity + 1, n), dtype), yp=jnp.zeros((capacity + 1, n), dtype),
                    phi=jnp.zeros((cap_h, NPHI, n), dtype),
                    psi=jnp.ones((cap_h, NPHI), dtype),
-                   k_used=jnp.ones((cap_h,), jnp.int32), count=jnp.zeros((), jnp.int32))
+                   k_used=jnp.ones((cap_h,), jnp.int32), count=jnp.zeros((), jnp.int32),
+                   h_step=jnp.ones((cap_l,), dtype), k_step=jnp.ones((cap_l,), jnp.int32))
 
     @staticmethod
     def _node(s: State):
@@ -1118,6 +1127,9 @@ class StepRecorder(eqx.Module):
     def record(self, s: State, passed) -> "StepRecorder":
         i = jnp.minimum(self.count, self.t.shape[0] - 2)
         new = _write_step(self, i + 1, i, s, passed)
+        if self.h_step.shape[0]:
+            h, k = _write_slot((self.h_step, self.k_step), i, (s.h_used, s.k_used), passed)
+            new = dataclasses.replace(new, h_step=h, k_step=k)
         return dataclasses.replace(new, count=self.count + passed.astype(jnp.int32))
 
     def overflowed(self):

@@ -493,28 +493,104 @@ def test_discrete_adjoint_recomputing_steps(monkeypatch):
     assert abs(recomputed[0] - 2 / np.e) <= 100 * 1e-9 and recomputed[1] == 0.0
 
 
-def test_fallback_whose_rerun_fails_reports_the_failure(monkeypatch):
-    """The fallback re-runs the forward solve to record its steps; if that re-run fails
-    (a delicate problem whose run does not repeat to the last bit), the discrete adjoint
-    has no steps to replay and its cotangents are zero: they must be reported as the
-    failure (warning "failed too", NaN; an error without the fallback's help), never as
-    a zero gradient. The re-run is forced to fail here by a `max_steps` of 2."""
-    import dataclasses
+def _decay_end(k, adjoint):
+    """y(1) of y' = −k y, y(0) = 1 (rtol = atol = 1e-8)."""
+    return dae.solve(lambda t, y, yp, a: yp + a * y, 0.0, 1.0, jnp.ones(1), args=k,
+                     rtol=1e-8, atol=1e-8, sensitivity=adjoint, throw=False).ys[-1, 0]
 
+
+def test_fallback_runs_no_second_forward_solve(monkeypatch):
+    """The fallback's discrete adjoint replays the checkpoint segments the continuous
+    backward pass replays (one replay loop), with the primal's own steps: the gradient
+    program contains the forward solve once. (It used to re-run the forward solve with
+    a step log, a second program that could fail where the primal had succeeded: a run
+    need not repeat to the last bit.)"""
+    from daeadjoint import _core
+
+    runs = []
+    real = _core.run
+
+    def counted(*a, **kw):
+        runs.append(kw.get("record", False))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(_core, "run", counted)
+    with pytest.warns(RuntimeWarning, match="discrete adjoint"):
+        g = jax.grad(_decay_end)(0.7, dae.Adjoint(max_steps=3))
+    # One recording run: the primal's (custom_jvp also traces the primal function
+    # without recording, a jaxpr the gradient program does not contain).
+    assert runs.count(True) == 1
+    assert abs(float(g) + np.exp(-0.7)) <= 100 * 1e-8    # as the test above
+
+
+def test_fallback_whose_replay_fails_reports_the_failure(monkeypatch):
+    """If the discrete pass of the fallback cannot replay a segment, its cotangents are
+    incomplete: they must be reported as the failure (warning "failed too", NaN), never
+    as a gradient. Every replay is forced to fail here (so the continuous pass fails
+    first, and the discrete pass after it)."""
     from daeadjoint._derivatives import adjoint as adjoint_module
 
-    real = adjoint_module.run_forward
+    real = adjoint_module.replay_segment
 
-    def failing_rerun(cfg, inputs, record=False):
-        return real(dataclasses.replace(cfg, max_steps=2), inputs, record=record)
+    def failing_replay(*a, **kw):
+        buf, _ = real(*a, **kw)
+        return buf, jnp.zeros((), bool)
 
-    monkeypatch.setattr(adjoint_module, "run_forward", failing_rerun)
-
-    def f(k):
-        return dae.solve(lambda t, y, yp, a: yp + a * y, 0.0, 1.0, jnp.ones(1), args=k,
-                         rtol=1e-8, atol=1e-8, sensitivity=dae.Adjoint(max_steps=3),
-                         throw=False).ys[-1, 0]
-
+    monkeypatch.setattr(adjoint_module, "replay_segment", failing_replay)
     with pytest.warns(RuntimeWarning, match="failed too"):
-        g = jax.grad(f)(0.7)
+        g = jax.grad(_decay_end)(0.7, dae.Adjoint())
     assert np.isnan(float(g))
+
+
+def _quadrature_decay(k, adjoint, n=1):
+    """n copies of y' = −k y observed at 7 times with ∫ y₁² dt: loss Σ y(t_i) + ∫ y₁²."""
+    sol = dae.solve(lambda t, y, yp, a: yp + a * y, 0.0, 2.0, jnp.ones(n), args=k,
+                    saveat=jnp.linspace(0.0, 2.0, 7), quadrature=lambda t, y, yp, a: y[:1]**2,
+                    rtol=1e-7, atol=1e-9, sensitivity=adjoint)
+    return jnp.sum(sol.ys) + sol.qs[-1, 0]
+
+
+# n = 12: the forward run keeps its last segment (`SegmentRecorder.pays`), which the
+# continuous pass reads and the discrete pass replays.
+@pytest.mark.parametrize("n", [1, 12])
+def test_fallback_equals_the_discrete_adjoint_of_the_same_steps(n):
+    """Where the continuous adjoint fails (2 adjoint steps allowed), the fallback is the
+    discrete adjoint of the primal's own steps, segment by segment from its replays
+    (segments of 7 steps: outputs and the quadrature cross many segment boundaries):
+    the same gradient as `DiscreteAdjoint(segment=7)`, which differentiates the same
+    steps from the primal's step log — equal up to the compiler ordering the same
+    arithmetic differently (1e-12 relative) — and within 100·rtol of the exact one
+    (as the exact-solution tests): d/dk [n Σ e^{−k t_i} + (1 − e^{−4k})/(2k)]."""
+    every, k = 7, 0.7
+    with pytest.warns(RuntimeWarning, match="discrete adjoint"):
+        g = float(jax.grad(_quadrature_decay)(k, dae.Adjoint(max_steps=2,
+                                                             checkpoint_every=every), n))
+    gd = float(jax.grad(_quadrature_decay)(k, dae.DiscreteAdjoint(segment=every), n))
+    assert abs(g - gd) <= 1e-12 * abs(gd)
+    ts = np.linspace(0.0, 2.0, 7)
+    exact = (n * np.sum(-ts * np.exp(-k * ts)) + 4 * np.exp(-4 * k) / (2 * k)
+             - (1 - np.exp(-4 * k)) / (2 * k**2))
+    assert abs(g - exact) <= 100 * 1e-7 * abs(exact)
+
+
+def test_fallback_in_a_batch_only_where_the_continuous_adjoint_fails():
+    """vmap over a batch in which one member's continuous adjoint fails (c = 0: the
+    algebraic block of x' = z, 0 = x − p t + c z is singular, index 2) and the other's
+    succeeds (c = 1: index 1): the first gets the discrete adjoint's gradient, the
+    second the continuous one's. d(x(1) + z(1))/dp = 2 for c = 0 (x = p t, z = p; exact
+    to rounding, bound 1e-9 as test_continuous_adjoint_singular_algebraic_block_reported)
+    and 1 for c = 1 (z = p t − x: x + z = p at t = 1 whatever x; the continuous adjoint
+    within 100·rtol)."""
+    def out(p, c):
+        sol = dae.solve(lambda t, y, yp, a: jnp.stack([yp[0] - y[1], y[0] - a[0] * t + a[1] * y[1]]),
+                        0.0, 1.0, jnp.stack([0.0, p * (1 - c)]), jnp.stack([p * (1 - c), 0.0]),
+                        args=jnp.stack([p, c]), rtol=1e-8, atol=1e-8)
+        return sol.ys[-1, 0] + sol.ys[-1, 1]
+
+    with pytest.warns(RuntimeWarning) as caught:
+        g = jax.vmap(jax.grad(out), in_axes=(None, 0))(2.0, jnp.array([0.0, 1.0]))
+    # One warning, the singular member's; the other member did not fall back.
+    fallbacks = [w for w in caught if "continuous adjoint failed" in str(w.message)]
+    assert len(fallbacks) == 1 and "not index 1" in str(fallbacks[0].message)
+    assert abs(float(g[0]) - 2.0) < 1e-9
+    assert abs(float(g[1]) - 1.0) <= 100 * 1e-8

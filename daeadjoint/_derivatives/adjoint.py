@@ -57,7 +57,7 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array
 
 from .._consistency import Split, consistency_solve, split_at
-from .._core import build_problem, run_forward
+from .._core import build_problem
 from .._events import observations
 from .._jax_internals import unvmap_any
 from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, State,
@@ -66,7 +66,8 @@ from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder
 from .._linalg.linear_solver import AbstractLinearSolver
 from .._newton import maybe_update, tree_where
 from .._results import RESULTS, runtime_errors_raise, succeeded
-from .discrete_adjoint import DiscreteAdjoint
+from .discrete_adjoint import (DiscreteAdjoint, discrete_segment, initial_value_tangents,
+                               replayed_steps, sweep_setup, zero_bars)
 from .reverse import AbstractAdjoint
 from .tangents import _restrict, reverse_tangents_at_t0
 
@@ -99,11 +100,13 @@ class Adjoint(AbstractAdjoint):
       rtol-1e-6 gradient 30x more accurate for ~the same number of steps).
     - `max_steps`: adjoint steps allowed between two restarts (default: the forward one).
     - `fallback`: when the backward integration fails (`RESULTS.adjoint_failed`) but the
-      forward solve succeeded, compute this gradient with the discrete adjoint instead
-      (it re-runs the forward solve recording its steps) and warn (`RuntimeWarning`;
-      the gradient is computed after the `Solution` is returned, so its `stats` cannot
-      say so). Default True; with False the failure is reported (NaN, and an error
-      with `throw=True`).
+      forward solve succeeded, compute this gradient with the discrete adjoint of the
+      forward solve's own steps instead (a second pass of the backward loop, which
+      replays the segments from their checkpoints as the first one does, now
+      differentiating the replayed steps: `DiscreteAdjoint(segment=checkpoint_every)`'s
+      gradient) and warn (`RuntimeWarning`; the gradient is computed after the
+      `Solution` is returned, so its `stats` cannot say so). Default True; with False
+      the failure is reported (NaN, and an error with `throw=True`).
     """
 
     checkpoint_every: int = eqx.field(static=True, default=100)
@@ -132,13 +135,10 @@ class Adjoint(AbstractAdjoint):
 
     def backward(self, config, inputs, rec, ct, wanted):
         out, result, singular = backward(self, config, inputs, rec, ct, wanted)
-        if not self.fallback:
-            if config.throw:
-                # The reason, where it is known: raised instead of the generic message.
-                out = eqx.error_if(out, singular & succeeded(rec.result),
-                                   ADJOINT_SINGULAR_MESSAGE)
-            return out, result
-        return discrete_fallback(self, config, inputs, rec, ct, wanted, out, result, singular)
+        if not self.fallback and config.throw:
+            # The reason, where it is known: raised instead of the generic message.
+            out = eqx.error_if(out, singular & succeeded(rec.result), ADJOINT_SINGULAR_MESSAGE)
+        return out, result
 
 
 ADJOINT_SINGULAR_MESSAGE = (
@@ -150,29 +150,11 @@ ADJOINT_SINGULAR_MESSAGE = (
     "without it.")
 
 
-def discrete_fallback(adjoint: Adjoint, config, inputs, rec, ct, wanted, out, result,
-                      singular):
-    """Where the continuous adjoint failed on a successful forward solve: the discrete
-    adjoint's gradient (the forward solve re-run with its step log) and a warning that
-    says why where it is known (`singular`: M singular, not index 1). Runs only when
-    some batch member failed (the predicate is shared by the batch)."""
-    failed = (result == RESULTS.adjoint_failed) & succeeded(rec.result)
-
-    def discrete():
-        cfg = dataclasses.replace(
-            config, reverse=DiscreteAdjoint(segment=adjoint.checkpoint_every), dense=0)
-        _, rec_d = run_forward(cfg, inputs, record=True)
-        out_d, result_d = cfg.reverse.backward(cfg, inputs, rec_d, ct, wanted)
-        if runtime_errors_raise():    # a host callback: not under EQX_ON_ERROR=nan
-            jax.debug.callback(_warn_fallback, result_d == RESULTS.successful,
-                               failed & singular)
-        return (tree_where(failed, out_d, out), RESULTS.where(failed, result_d, result))
-
-    return jax.lax.cond(unvmap_any(failed), discrete, lambda: (out, result))
-
-
-def _warn_fallback(ok, singular):
+def _warn_fallback(fell_back, ok, singular):
     import warnings
+    # Under vmap the callback runs once per member: warn for those that fell back.
+    if not bool(jnp.any(fell_back)):
+        return
     how = ("the gradient comes from the discrete adjoint" if bool(jnp.all(ok)) else
            "the discrete adjoint failed too")
     why = (" because the DAE is not index 1 in its algebraic variables (the adjoint's "
@@ -551,19 +533,22 @@ def integrate_segment(bw: _Backward, c: _Sweep, max_steps: int) -> _Sweep:
 
 
 def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: _Sweep, i, yp0,
-                  max_steps: int):
+                  max_steps: int, replay_all=False):
     """The steps of forward segment i (from checkpoint i): the ones the forward run kept
     if it is its last segment, else replayed; the current buffer if the segment starts
-    at or after the time reached. Returns (buffer, replay ok, the segment's start)."""
+    at or after the time reached. `replay_all`: replay every segment (the fallback's
+    discrete pass, which needs the step sizes and orders only a replay records).
+    Returns (buffer, replay ok, the segment's start)."""
     cks = rec.checkpoints
     n_ck, ck_cap = cks.count, cks.states.t.shape[0]
     t_low = cks.states.t[i]
-    need = (t_low < c.t_cur) | (i == 0)
+    replay_all = jnp.asarray(replay_all, bool)
+    need = (t_low < c.t_cur) | (i == 0) | replay_all
     ck = jax.tree_util.tree_map(lambda x: x[i], cks.states)
     # The last segment ends where the forward run did (t1, or the step holding a
     # terminal event).
     t_next = jnp.where(i + 1 >= n_ck, rec.t_final, cks.states.t[jnp.minimum(i + 1, ck_cap - 1)])
-    kept = (need & (i == rec.segment.index) if rec.segment is not None
+    kept = (need & (i == rec.segment.index) & ~replay_all if rec.segment is not None
             else jnp.zeros((), bool))
     replay = need & ~kept
     # One-trip loops, not conds: a cond returning the current buffer would copy it.
@@ -576,13 +561,29 @@ def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: _Sweep, i, y
     return buf, ok | ~replay, t_low
 
 
+class _Discrete(NamedTuple):
+    """The fallback's discrete pass in the backward loop (`backward`)."""
+
+    on: Array                 # this pass is the discrete adjoint's
+    bars: tuple               # (φ̄, φ̄_Q, p̄) at the start of the segments swept so far
+    h1: Array                 # the run's first step size (from segment 0's replay)
+
+
 def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
     """The backward pass for k cotangent directions at once (they share the backward
     steps and the factorizations, as forward sensitivities share the forward ones):
     `ct` = (ȳd (k, n_save, order+1, n), q̄s (k, n_save, nq)). Segment by segment from the
     last (`segment_steps`), (A) is integrated backward through the observations in it
     (`integrate_segment`, `observe`); at t0 the initial-value cotangents follow
-    (`at_t0`). Returns (Tangents with a leading axis k, restricted to `wanted`, result)."""
+    (`at_t0`). Returns (Tangents with a leading axis k, restricted to `wanted`, result,
+    whether M was singular).
+
+    With `fallback`, where that fails on a successful forward run the same loop runs a
+    second pass from the last segment as the discrete adjoint (`DiscreteAdjoint`'s
+    reverse sweep, `discrete_segment`): each segment replayed from its checkpoint as
+    before, now recording the step sizes and orders too, then its discrete VJP. The
+    replay is the one the continuous pass runs, so the fallback needs no second forward
+    run (nor a step log of the whole run) and differentiates the primal's own steps."""
     # Output rows and event roots as point observations, sorted by time.
     ts, yd_bar, qbar, p_events = observations(config, inputs, rec, ct)
     k = yd_bar.shape[0]
@@ -602,24 +603,42 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         rtol=jnp.asarray(inputs.rtol if adjoint.rtol is None else adjoint.rtol, dtype),
         atol=jnp.asarray(jnp.max(inputs.atol) if adjoint.atol is None else adjoint.atol, dtype))
 
+    fallback = adjoint.fallback
     buf0 = StepRecorder.create(segment_capacity(adjoint.checkpoint_every), n, dtype,
-                               hermite=adjoint.interpolation == "hermite", per_step=False)
+                               hermite=adjoint.interpolation == "hermite", per_step=False,
+                               log=fallback)
     w0 = jnp.zeros((k, qbar.shape[2]), dtype)
     Z0 = jnp.zeros((2 * n * k,), dtype)
     adj0 = initial_state(bw.problem(buf0, w0, ts[-1], jnp.asarray(-jnp.inf, dtype),
                                     inputs.algebraic),
                          jnp.zeros((), dtype), Z0, Z0, jnp.ones((), dtype))
     max_adj = adjoint.max_steps or config.max_steps
+    sw = (sweep_setup(DiscreteAdjoint(segment=adjoint.checkpoint_every), config, inputs, rec,
+                      ts, yd_bar, qbar) if fallback else None)
 
-    def outer_cond(c):
+    def outer_cond(carry):
+        c, _ = carry
         return (c.segment >= 0) & c.ok
 
-    def outer_body(c):
+    def outer_body(carry):
+        c, d = carry
         i = c.segment
         buf, ok, t_low = segment_steps(problem_fwd, rec, buf0, c, i, yp0,
-                                       config.max_steps)
-        c = integrate_segment(bw, c._replace(buf=buf, ok=c.ok & ok, t_low=t_low), max_adj)
-        return c._replace(segment=i - 1)
+                                       config.max_steps, False if d is None else d.on)
+        c = c._replace(buf=buf, ok=c.ok & ok, t_low=t_low)
+        if d is None:
+            c = integrate_segment(bw, c, max_adj)
+        else:
+            # The discrete pass leaves (A) alone: an empty interval, no trip of its loop.
+            c = integrate_segment(bw, c._replace(t_low=jnp.where(d.on, c.t_cur, t_low)),
+                                  max_adj)
+            ck = jax.tree_util.tree_map(lambda x: x[i], rec.checkpoints.states)
+            steps = replayed_steps(sw, buf, i, rec.t_final)
+            h1 = jnp.where(i == 0, buf.h_step[0], d.h1)
+            bars = maybe_update(d.on & c.ok, lambda: discrete_segment(
+                sw, inputs, rec, steps, ck, i == 0, h1, d.bars), d.bars)
+            d = d._replace(bars=bars, h1=h1)
+        return c._replace(segment=i - 1), d
 
     # A failed forward run has no trajectory to go back along: skip (its derivatives
     # are reported NaN by the caller), so one failed batch member costs nothing.
@@ -629,19 +648,61 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
                     started=jnp.zeros((), bool), ok=jnp.ones((), bool),
                     adj_steps=jnp.zeros((), jnp.int32), t_r=ts[-1], equations=inputs.algebraic,
                     singular=jnp.zeros((), bool))
-    c = jax.lax.while_loop(outer_cond, outer_body, carry0)
 
-    out, singular_t0 = at_t0(bw, config, inputs, c, unravel, pd, p_events)
-    singular = c.singular | (c.ok & singular_t0)
-    # Cotangents the continuous adjoint cannot take: on y' of algebraic components and
-    # on higher derivatives of the dense output (third-order derivatives through
-    # saveat). They are exactly zero unless such a derivative is asked for.
-    unsupported = (jnp.any(jnp.where(inputs.algebraic, bw.ypbar, 0.0) != 0)
-                   | jnp.any(yd_bar[:, :, 2:] != 0))
-    result = RESULTS.where(~c.ok | singular, RESULTS.adjoint_failed,
-                           RESULTS.where(unsupported, RESULTS.unsupported_cotangent,
-                                         RESULTS.successful))
-    return _restrict(out, wanted), result, singular
+    def finish(c):
+        """The continuous pass's cotangents at t0, its result, and whether M was
+        singular."""
+        out, singular_t0 = at_t0(bw, config, inputs, c, unravel, pd, p_events)
+        singular = c.singular | (c.ok & singular_t0)
+        # Cotangents the continuous adjoint cannot take: on y' of algebraic components
+        # and on higher derivatives of the dense output (third-order derivatives through
+        # saveat). They are exactly zero unless such a derivative is asked for.
+        unsupported = (jnp.any(jnp.where(inputs.algebraic, bw.ypbar, 0.0) != 0)
+                       | jnp.any(yd_bar[:, :, 2:] != 0))
+        result = RESULTS.where(~c.ok | singular, RESULTS.adjoint_failed,
+                               RESULTS.where(unsupported, RESULTS.unsupported_cotangent,
+                                             RESULTS.successful))
+        return _restrict(out, wanted), result, singular
+
+    if not fallback:
+        c, _ = jax.lax.while_loop(outer_cond, outer_body, (carry0, None))
+        return finish(c)
+
+    def pass_body(P):
+        """One pass over the segments: the continuous adjoint's, then (where it failed
+        on a successful forward run) the discrete adjoint's from the last segment."""
+        c, d, _, out, result, singular = P
+        c, d = jax.lax.while_loop(outer_cond, outer_body, (c, d))
+        out_c, result_c, singular_c = finish(c)
+        first = ~d.on
+        failed = first & (result_c == RESULTS.adjoint_failed) & succeeded(rec.result)
+        # The discrete pass starts from the last segment; every segment is replayed
+        # (`segment_steps`), so nothing else of the continuous pass's state matters.
+        c = c._replace(segment=jnp.where(failed, carry0.segment, c.segment), ok=c.ok | failed)
+        return (c, d._replace(on=d.on | failed), failed,
+                tree_where(first, out_c, out), RESULTS.where(first, result_c, result),
+                jnp.where(first, singular_c, singular))
+
+    d0 = _Discrete(on=jnp.zeros((), bool), bars=zero_bars(sw, k, n), h1=jnp.ones((), dtype))
+    out0 = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype),
+                                  jax.eval_shape(lambda: finish(carry0)[0]))
+    c, d, _, out, result, singular = jax.lax.while_loop(
+        lambda P: P[2], pass_body,
+        (carry0, d0, jnp.ones((), bool), out0, RESULTS.successful, jnp.zeros((), bool)))
+
+    def discrete():
+        """The discrete pass's cotangents: through the initial history to the inputs
+        (`initial_value_tangents`); its result: whether every replay succeeded."""
+        out_d = _restrict(initial_value_tangents(sw, inputs, rec, d.h1, d.bars, p_events),
+                          wanted)
+        if runtime_errors_raise():    # a host callback: not under EQX_ON_ERROR=nan
+            jax.debug.callback(_warn_fallback, d.on, ~d.on | c.ok, d.on & singular)
+        return (tree_where(d.on, out_d, out),
+                RESULTS.where(d.on, RESULTS.where(c.ok, RESULTS.successful,
+                                                  RESULTS.adjoint_failed), result))
+
+    out, result = jax.lax.cond(unvmap_any(d.on), discrete, lambda: (out, result))
+    return out, result, singular
 
 
 def at_t0(bw: _Backward, config, inputs, c: _Sweep, unravel, pd, p_events):

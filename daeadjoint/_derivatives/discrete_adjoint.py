@@ -240,20 +240,28 @@ def _initial_history(rp: _Replay, t0, y0, yp0, h1, p):
     return phi, phiq, _fresh_control(h1, dtype)
 
 
-def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted):
-    """VJP of the replayed discrete map, segment by segment from the last, for k
-    cotangent directions; then through the consistent initialization to the inputs
-    (`initial_value_tangents`). Returns (Tangents with a leading axis k, restricted to
-    `wanted`, result)."""
-    log, cks = rec.log, rec.checkpoints
-    # Output rows and event roots as point observations, sorted by time.
-    ts, yd_bar, qbar, p_events = observations(config, inputs, rec, ct)
-    k_dir = yd_bar.shape[0]
-    order = yd_bar.shape[2] - 1
+class Sweep(NamedTuple):
+    """What every segment of the discrete reverse sweep shares: the replayed map
+    (`_Replay`), the differentiated args (flat p and how to rebuild them), the point
+    observations (times `ts`, cotangents ȳd (k, m, order+1, n), q̄ (k, m, nq)) and
+    whether each replayed step is recomputed in the reverse pass (`jax.checkpoint`)."""
+
+    rp: _Replay
+    p_flat: Array
+    unravel: Callable
+    pd: Any
+    pst: Any
+    ts: Array
+    yd_bar: Array
+    qbar: Array
+    recompute: bool
+
+
+def sweep_setup(adjoint: DiscreteAdjoint, config, inputs, rec, ts, yd_bar, qbar) -> Sweep:
+    """The discrete map of the recorded run (`rec`: its consistent y0, y'0) and the
+    observations, for `discrete_segment`. Shared by `DiscreteAdjoint` and `Adjoint`'s
+    fallback."""
     dtype = rec.y0.dtype
-    n = rec.y0.shape[0]
-    nq = qbar.shape[2]
-    N = adjoint.segment
     pd, pst = eqx.partition(inputs.args, eqx.is_inexact_array)
     p_flat, unravel = ravel_pytree(pd)
 
@@ -277,6 +285,110 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
                  solver=SetupWithArgs(config.linear_solver, config.residual, full_args),
                  pst_arrays=pst_arrays, algebraic=inputs.algebraic,
                  breakpoints=inputs.breakpoints, dtype=dtype, newton_iters=adjoint.newton_iters)
+    # `jax.vjp` of a segment keeps every step's residuals, the linear solver's setup (a
+    # dense LU: n² numbers) among them. Where `segment` of those would pass 2²³ numbers
+    # (64 MiB in float64) each step is recomputed in the reverse pass instead, leaving
+    # O(segment·n); below the threshold keeping them is the faster way.
+    setup = jax.eval_shape(lambda: rp.solver.setup(F, inputs.t0, rec.y0, rec.yp0,
+                                                   jnp.ones((), dtype), (p_flat, pst_arrays)))
+    stored = sum(x.size for x in jax.tree_util.tree_leaves(setup))
+    return Sweep(rp=rp, p_flat=p_flat, unravel=unravel, pd=pd, pst=pst, ts=ts,
+                 yd_bar=yd_bar, qbar=qbar,
+                 recompute=adjoint.segment * stored > STORED_FACTORS_LIMIT)
+
+
+class SegmentSteps(NamedTuple):
+    """One segment's recorded steps as the replay scans them (`_StepData`, fixed length
+    with `valid` marking the recorded ones) and, for each observation row, the step
+    whose interval (t_{m−1}, t_m] contains it: its index in the segment (`local`), its
+    end time t_m (`t_end`) and whether it lies in this segment at all (`here`)."""
+
+    xs: _StepData
+    local: Array
+    t_end: Array
+    here: Array
+
+
+def replayed_steps(sw: Sweep, buf, i, t_final) -> SegmentSteps:
+    """The steps of forward segment i as an `Adjoint` replay recorded them
+    (`StepRecorder` with `log=True`: nodes t_0 (the checkpoint) … t_count, step sizes
+    and orders). The same steps, observation rows and restarts as the whole run's step
+    log gives `DiscreteAdjoint` (`discrete_backward`): a row at t goes to the first step
+    with t_m ≥ t, clipped to the run's steps."""
+    L = buf.h_step.shape[0]
+    count = buf.count
+    j = jnp.arange(L)
+    t_start, t_new = buf.t[0], buf.t[1:]
+    t_prev = jnp.concatenate([t_start[None], t_new[:-1]])
+    bps = sw.rp.breakpoints
+    # The run's very first step never restarts (the history is fresh there anyway).
+    restarted = (jnp.zeros((L,), bool) if bps is None
+                 else jnp.any(t_prev[:, None] == bps[None, :], axis=1) & ((i > 0) | (j > 0)))
+    xs = _StepData(t_new=t_new, h=buf.h_step, k=buf.k_step, valid=j < count, t_prev=t_prev,
+                   restarted=restarted)
+    ts = sw.ts
+    local = jnp.clip(jnp.searchsorted(t_new, ts), 0, jnp.maximum(count - 1, 0))
+    t_last = buf.t[count]
+    here = ((count > 0) & ((ts > t_start) | (i == 0))
+            & ((ts <= t_last) | (t_last >= t_final)))
+    # A row of another segment gets a finite dummy end time: its zero cotangent times
+    # interpolation weights at an unreached (inf) node would be NaN.
+    return SegmentSteps(xs=xs, local=local, t_end=jnp.where(here, t_new[local], ts), here=here)
+
+
+def discrete_segment(sw: Sweep, inputs, rec, steps: SegmentSteps, ck, first, h1, bars):
+    """The VJP of one segment of the discrete map (its steps `steps`, started from the
+    checkpoint `ck`, or from the initial history when `first`; h1: the run's first
+    step) for the k cotangent directions: bars = (φ̄, φ̄_Q, p̄) at the segment's end in,
+    at its start out (p̄ accumulated)."""
+    rp, p_flat = sw.rp, sw.p_flat
+    order = sw.yd_bar.shape[2] - 1
+    phi_bar, phiq_bar, p_bar = bars
+    start = (ck.phi, ck.phiq, _Control(ck.psi, ck.k_used, ck.h_used, ck.ns))
+    # The first segment starts from the initial values (differentiated by
+    # `initial_value_tangents`).
+    init = _initial_history(rp, inputs.t0, rec.y0, rec.yp0, h1, p_flat)
+    phi, phiq, control = jax.tree_util.tree_map(lambda x, y: jnp.where(first, x, y), init, start)
+
+    def segment(phi, phiq, p):
+        """The steps from (φ, φ_Q) with the step data frozen; returns the end history
+        and this segment's contribution to every output row (others zero)."""
+        body = lambda cr, x: _replay_step(rp, cr, x, p)  # noqa: E731
+        (phi, phiq, _), (phis, phiqs, psis, ks) = jax.lax.scan(
+            jax.checkpoint(body) if sw.recompute else body, (phi, phiq, control), steps.xs)
+
+        def output(tau, j, t_end):
+            w = derivative_weights(tau, t_end, psis[j], ks[j], order)
+            return w @ phis[j], w[0] @ phiqs[j]
+
+        yd, qs = jax.vmap(output)(sw.ts, steps.local, steps.t_end)
+        here = steps.here
+        return phi, phiq, (jnp.where(here[:, None, None], yd, 0.0),
+                           jnp.where(here[:, None], qs, 0.0))
+
+    _, vjp = jax.vjp(segment, phi, phiq, p_flat)
+    f_bar, fq_bar, pb = jax.vmap(vjp)((phi_bar, phiq_bar, (sw.yd_bar, sw.qbar)))
+    return f_bar, fq_bar, p_bar + pb
+
+
+def zero_bars(sw: Sweep, k: int, n: int):
+    """(φ̄, φ̄_Q, p̄) = 0 for k directions: the cotangents after the last step."""
+    dtype = sw.rp.dtype
+    return (jnp.zeros((k, NPHI, n), dtype), jnp.zeros((k, NPHI, sw.qbar.shape[2]), dtype),
+            jnp.zeros((k,) + sw.p_flat.shape, dtype))
+
+
+def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted):
+    """VJP of the replayed discrete map, segment by segment from the last, for k
+    cotangent directions; then through the consistent initialization to the inputs
+    (`initial_value_tangents`). Returns (Tangents with a leading axis k, restricted to
+    `wanted`, result)."""
+    log, cks = rec.log, rec.checkpoints
+    # Output rows and event roots as point observations, sorted by time.
+    ts, yd_bar, qbar, p_events = observations(config, inputs, rec, ct)
+    sw = sweep_setup(adjoint, config, inputs, rec, ts, yd_bar, qbar)
+    N = adjoint.segment
+    dtype = rec.y0.dtype
 
     count = log.count
     # A failed forward run is skipped (its derivatives are reported NaN by the caller).
@@ -295,20 +407,8 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
     # The step whose interval (t_{m−1}, t_m] contains each output (non-differentiable data).
     step_of = jnp.clip(jnp.searchsorted(log.t, ts), 0, jnp.maximum(count - 1, 0))
 
-    def step_body(body):
-        # `jax.vjp` of the segment keeps every step's residuals, the linear solver's
-        # setup (a dense LU: n² numbers) among them. Where N of those would pass 2²³
-        # numbers (64 MiB in float64) each step is recomputed in the backward pass
-        # instead, leaving O(N·n); below the threshold keeping them is the faster way.
-        setup = jax.eval_shape(lambda: rp.solver.setup(F, inputs.t0, rec.y0, rec.yp0,
-                                                       jnp.ones((), dtype),
-                                                       (p_flat, pst_arrays)))
-        stored = sum(x.size for x in jax.tree_util.tree_leaves(setup))
-        return jax.checkpoint(body) if N * stored > STORED_FACTORS_LIMIT else body
-
-    def segment(c, phi, phiq, control, p):
-        """Steps cN … cN+N−1 from (φ, φ_Q) with the step data frozen; returns the end
-        history and this segment's contribution to every output row (others zero)."""
+    def logged_steps(c) -> SegmentSteps:
+        """Steps cN … cN+N−1 of the whole run's step log."""
         start = c * N
 
         def window(x):
@@ -317,58 +417,42 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
         xs = _StepData(t_new=window(log_t), h=window(log_h), k=window(log_k),
                        valid=start + jnp.arange(N) < count, t_prev=window(prev_t),
                        restarted=window(restarts))
-        (phi, phiq, _), (phis, phiqs, psis, ks) = jax.lax.scan(
-            step_body(lambda cr, x: _replay_step(rp, cr, x, p)), (phi, phiq, control), xs)
-        local = jnp.clip(step_of - start, 0, N - 1)
-        here = (step_of >= start) & (step_of < start + N)
-
-        def output(tau, j, m):
-            w = derivative_weights(tau, log_t[m], psis[j], ks[j], order)
-            return w @ phis[j], w[0] @ phiqs[j]
-
-        yd, qs = jax.vmap(output)(ts, local, step_of)
-        return phi, phiq, (jnp.where(here[:, None, None], yd, 0.0),
-                           jnp.where(here[:, None], qs, 0.0))
+        return SegmentSteps(xs=xs, local=jnp.clip(step_of - start, 0, N - 1),
+                            t_end=log_t[step_of],
+                            here=(step_of >= start) & (step_of < start + N))
 
     def backward_body(carry):
-        c, phi_bar, phiq_bar, p_bar = carry
+        c, bars = carry
         ck = jax.tree_util.tree_map(lambda x: x[c], cks.states)
-        start = (ck.phi, ck.phiq, _Control(ck.psi, ck.k_used, ck.h_used, ck.ns))
-        # The first segment starts from the initial values (differentiated below).
-        init = _initial_history(rp, inputs.t0, rec.y0, rec.yp0, log.h[0], p_flat)
-        phi, phiq, control = jax.tree_util.tree_map(
-            lambda x, y: jnp.where(c == 0, x, y), init, start)
-        _, vjp = jax.vjp(lambda f, fq, p: segment(c, f, fq, control, p), phi, phiq, p_flat)
-        f_bar, fq_bar, pb = jax.vmap(vjp)((phi_bar, phiq_bar, (yd_bar, qbar)))
-        return c - 1, f_bar, fq_bar, p_bar + pb
+        return c - 1, discrete_segment(sw, inputs, rec, logged_steps(c), ck, c == 0,
+                                       log.h[0], bars)
 
-    zero = (n_seg - 1, jnp.zeros((k_dir, NPHI, n), dtype), jnp.zeros((k_dir, NPHI, nq), dtype),
-            jnp.zeros((k_dir,) + p_flat.shape, dtype))
-    _, phi_bar, phiq_bar, p_bar = jax.lax.while_loop(lambda cr: cr[0] >= 0, backward_body, zero)
-    out = initial_value_tangents(rp, inputs, rec, phi_bar, phiq_bar, p_bar, jnp.sum(qbar, axis=1),
-                                 p_flat, unravel, pd, pst, p_events)
+    zero = (n_seg - 1, zero_bars(sw, yd_bar.shape[0], rec.y0.shape[0]))
+    _, bars = jax.lax.while_loop(lambda cr: cr[0] >= 0, backward_body, zero)
+    out = initial_value_tangents(sw, inputs, rec, log.h[0], bars, p_events)
     # A failed forward record has no steps to replay (n_seg = 0 above): its zero
     # cotangents must not pass as a gradient. The plain solve's failure is flagged by the
-    # caller from the primal result; the re-run of `Adjoint`'s fallback is not the
-    # primal, so the failure is reported here.
+    # caller from the primal result.
     ok, failed = RESULTS.successful, RESULTS.adjoint_failed
     # mypy types Enumeration members as str (pyproject.toml's baseline: RESULTS).
     return _restrict(out, wanted), RESULTS.where(succeeded(rec.result), ok, failed)  # type: ignore[arg-type]
 
 
-def initial_value_tangents(rp: _Replay, inputs, rec, phi_bar, phiq_bar, p_bar, w, p_flat,
-                           unravel, pd, pst, p_events) -> Tangents:
-    """From the cotangents on the initial history (φ̄, φ̄_Q) to the user's y0, yp0 and
-    args, through the consistent initialization (differentiated by the implicit
-    function theorem); then the `init` semantics of DESIGN.md §1 — what the
-    initialization recomputes (or, with init=None, what consistency determines) gets
-    zero cotangent — and the tail shared with the continuous adjoint
-    (`reverse_tangents_at_t0`)."""
+def initial_value_tangents(sw: Sweep, inputs, rec, h1, bars, p_events) -> Tangents:
+    """From the cotangents on the initial history bars = (φ̄, φ̄_Q, p̄) (h1: the first
+    step's size) to the user's y0, yp0 and args, through the consistent initialization
+    (differentiated by the implicit function theorem); then the `init` semantics of
+    DESIGN.md §1 — what the initialization recomputes (or, with init=None, what
+    consistency determines) gets zero cotangent — and the tail shared with the
+    continuous adjoint (`reverse_tangents_at_t0`)."""
+    rp, p_flat, unravel, pd, pst = sw.rp, sw.p_flat, sw.unravel, sw.pd, sw.pst
+    phi_bar, phiq_bar, p_bar = bars
+    w = jnp.sum(sw.qbar, axis=1)
     config, t0 = rp.config, inputs.t0
-    y0c, yp0c, h1 = rec.y0, rec.yp0, rec.log.h[0]
+    y0c, yp0c = rec.y0, rec.yp0
     if config.index2:
-        return _index2_initial_value_tangents(rp, inputs, rec, phi_bar, phiq_bar, p_bar, w,
-                                              p_flat, unravel, pd, pst, p_events)
+        return _index2_initial_value_tangents(rp, inputs, rec, h1, phi_bar, phiq_bar, p_bar,
+                                              w, p_flat, unravel, pd, pst, p_events)
 
     def from_inputs(y0_, yp0_, p):
         inp = dataclasses.replace(inputs, y0=y0_, yp0=yp0_, args=eqx.combine(unravel(p), pst))
@@ -390,7 +474,7 @@ def initial_value_tangents(rp: _Replay, inputs, rec, phi_bar, phiq_bar, p_bar, w
                                   pd, p_events, y0_bar=ybar0, yp0_bar=ypbar0)
 
 
-def _index2_initial_value_tangents(rp: _Replay, inputs, rec, phi_bar, phiq_bar, p_bar, w,
+def _index2_initial_value_tangents(rp: _Replay, inputs, rec, h1, phi_bar, phiq_bar, p_bar, w,
                                    p_flat, unravel, pd, pst, p_events) -> Tangents:
     """`initial_value_tangents` for a Hessenberg index-2 DAE: the cotangents on the
     initial history pulled back through the linear map (δt0, δy0, δp) ↦ (s(t0), s'(t0))
@@ -399,7 +483,7 @@ def _index2_initial_value_tangents(rp: _Replay, inputs, rec, phi_bar, phiq_bar, 
     linearized index-reduced system) — its transpose, by `jax.vjp` of that linear map.
     y'0 and the algebraic part of y0 are determined by the rest: zero cotangent."""
     config, t0 = rp.config, inputs.t0
-    y0c, yp0c, h1 = rec.y0, rec.yp0, rec.log.h[0]
+    y0c, yp0c = rec.y0, rec.yp0
 
     def history_tangent(t0d, y0d, pdot):
         tan = Tangents(t0=t0d[None], y0=y0d[None],
