@@ -849,11 +849,13 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
     solution at large t, e.g. t0 = 1.7e9, from the initial values).
 
     The due rows are written in blocks of `OUTPUT_BLOCK` consecutive rows by one masked
-    update each: the first block in place, further blocks (more than 8 outputs in one
-    step, e.g. thousands of observation times) by a loop behind a `cond`. Every loop
+    update each, by a loop that runs while a row is due (more than one trip only for
+    more than 8 outputs in one step, e.g. thousands of observation times). Every loop
     iteration that touches the output buffers runs on XLA's CPU thread pool (they pass
     its ~512-byte threshold for sequential execution), so rows are written 8 at a
-    time rather than one by one: Barnes with 2400 outputs, 4x fewer iterations."""
+    time rather than one by one: Barnes with 2400 outputs, 4x fewer iterations. The
+    block update is traced once, in that loop (`integrate` writes the rows at t0 by this
+    same call): each copy of it was ~150 instructions for XLA to compile."""
     n_save = out.ts.shape[0]
     if n_save == 0:
         return out
@@ -892,10 +894,7 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
             new["qsd"] = put(o.qsd, jnp.einsum("bj,jkn->bkn", w[:, 0], stacked(s.phiqs)))
         return dataclasses.replace(o, **new)
 
-    out = write_block(out)   # the outer loop runs when an output is due: no cond
-    return jax.lax.cond(
-        unvmap_any(due(out)),
-        lambda: jax.lax.while_loop(due, write_block, out), lambda: out)
+    return jax.lax.while_loop(due, write_block, out)
 
 
 def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps: int,
@@ -909,7 +908,9 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     Two loops: the inner one takes steps until the next output time is passed or a
     sparse recorder (a checkpoint, `per_step = False`) is due, carrying only the (small)
     step state and the per-step recorders; the outer one writes the outputs that step
-    made due and the checkpoint. A step loop that carried the output or checkpoint
+    made due and the checkpoint. The rows at the start time are written by the outer
+    loop's first trip (its inner loop takes no step when the next output time is
+    already reached), so that the output writing is traced once. A step loop that carried the output or checkpoint
     buffers made XLA's CPU runtime switch, once a buffer of its body passed ~512 bytes,
     from sequential to thread-pool execution of every step's operations, several times
     slower for small problems (a few dozen output values, a recording forward run)."""
@@ -982,8 +983,9 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
         if ev is not None:
             t_limit = jnp.where(ev.stopped & problem.event.terminal, ev.t[0], jnp.inf)
         # The rows due now all lie in the last step (the inner loop stops at the first
-        # step that passes the next output time).
-        out = write_outputs(s, out, t_limit, s.stats["num_steps"] > 0)
+        # step that passes the next output time), or at the start time (before the
+        # first step; interpolated there from the initial history, which gives y0, y'0).
+        out = write_outputs(s, out, t_limit)
         return s, out, recs, ev
 
     # Empty output arrays (no quadratures / sensitivities) stay out of the loop carry.
