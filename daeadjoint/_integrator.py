@@ -800,7 +800,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         t=s.t, h=failure.h, h_used=s.h_used, k=failure.k, k_used=s.k_used, ns=coef.ns,
         phase=jnp.where(redo, s.phase, jnp.ones_like(accept.phase)), phi=hist_fail.y,
         phiq=hist_fail.q, phis=hist_fail.s, phiqs=hist_fail.sq,
-        psi=jnp.where(s.fresh, s.psi.at[0].set(failure.h), s.psi), cj=cj,
+        psi=jnp.where(s.fresh & (jnp.arange(NPHI) == 0), failure.h, s.psi), cj=cj,
         cj_old=newton.cj_old, ss=newton.ss, ss_sens=ss_sens,
         new_matrix=None if s.new_matrix is None else redo,
         lin_state=newton.lin_state, jac_point=newton.jac_point,
