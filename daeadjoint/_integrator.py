@@ -922,10 +922,11 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     step state and the per-step recorders; the outer one writes the outputs that step
     made due and the checkpoint. The rows at the start time are written by the outer
     loop's first trip (its inner loop takes no step when the next output time is
-    already reached), so that the output writing is traced once. A step loop that carried the output or checkpoint
-    buffers made XLA's CPU runtime switch, once a buffer of its body passed ~512 bytes,
-    from sequential to thread-pool execution of every step's operations, several times
-    slower for small problems (a few dozen output values, a recording forward run)."""
+    already reached), so that the output writing is traced once. A step loop that
+    carried the output or checkpoint buffers made XLA's CPU runtime switch, once a
+    buffer of its body passed ~512 bytes, from sequential to thread-pool execution of
+    every step's operations, several times slower for small problems (a few dozen
+    output values, a recording forward run)."""
     n_save = outputs.ts.shape[0]
 
     def running(s):
