@@ -330,10 +330,12 @@ def _attempt_sections() -> list[tuple[int, str]]:
     tree = ast.parse("\n".join(src))
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
               and n.name == "attempt_step")
-    names = {"newton": "Newton (control)", "quadratures": "quadratures",
+    names = {"newton": "Newton (control)", "corrector": "Newton (control)",
+             "quadratures": "quadratures",
              "forward sensitivities": "sensitivity hook", "local error test": "error test",
-             "accepted": "step/order selection", "rejected": "failure handling",
-             "assemble": "state assembly and select"}
+             "error test": "error test", "accepted": "step/order selection",
+             "rejected": "failure handling", "assemble": "state assembly and select",
+             "the two outcomes": "state assembly and select"}
     out = [(fn.lineno, "predictor")]
     for i in range(fn.lineno, fn.end_lineno or fn.lineno):
         m = re.match(r"\s*# --- (.+?)\s*-*\s*$", src[i - 1])
@@ -381,6 +383,19 @@ def phase_of(stack) -> str:
         return "Newton (control)"
     if names & {"complete_history"}:
         return "history update"
+    # The parts of an attempt by the function computing them (the sections of
+    # `attempt_step` are coarser).
+    in_attempt = "attempt_step" in names
+    if in_attempt and names & {"error_test", "error_norm"}:
+        return "error test"
+    if in_attempt and "select_order_and_step" in names:
+        return "step/order selection"
+    if in_attempt and "handle_failure" in names:
+        return "failure handling"
+    if in_attempt and names & {"updated_stats", "status"}:
+        return "counters and status"
+    if in_attempt and "tree_where" in names:
+        return "state assembly and select"
     if names & {"set_coefficients", "scale_history", "predict"}:
         return "predictor"
     for f, fn, line in stack:
@@ -485,7 +500,12 @@ def profile_loop(prog: Program, called) -> dict:
             for op, rest, sf in prog.comps.get(c, ()):
                 if op in FREE:
                     continue
-                per[phase_of(prog.funcs(sf))][where] += 1
+                stack = prog.funcs(sf)
+                # Instructions without a Python stack: XLA's copies, and fusions XLA
+                # made of ops it created itself (e.g. a cumulative sum's reduce-window).
+                phase = (phase_of(stack) if stack or op == "copy"
+                         else "other XLA operations (no source)")
+                per[phase][where] += 1
                 sub = _called(op, rest)
                 if sub:
                     name = loop_name(prog, sf)
@@ -748,8 +768,8 @@ def profile_case(case: Case, args_ns) -> dict:
 
 PHASE_ORDER = ["predictor", "residual evaluation", "Jacobian + LU (setup)", "linear solve",
                "Newton (control)", "sensitivity hook", "quadratures", "error test",
-               "step/order selection", "failure handling", "history update",
-               "state assembly and select", "output writing", "event hook",
+               "step/order selection", "failure handling", "counters and status",
+               "history update", "state assembly and select", "output writing", "event hook",
                "recorders (checkpoints, step buffers)", "loop control"]
 
 

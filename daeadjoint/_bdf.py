@@ -34,6 +34,18 @@ class Coefficients(NamedTuple):
     ns: Int[Array, ""]
 
 
+def _prefix(x, op):
+    """[x_0, x_0 ∘ x_1, (x_0 ∘ x_1) ∘ x_2, …] of a 6-vector, unrolled: elementwise
+    operations that XLA fuses with their neighbours, where `jnp.cumprod`/`jnp.cumsum`
+    become a reduce-window, an operation of its own in every step. The same products
+    (sums) in the same order as the reduce-window's, which starts from the identity:
+    1·x_0 = x_0 (and 0 + x_0 = x_0 for the positive terms it is used on)."""
+    out = [x[0]]
+    for i in range(1, x.shape[0]):
+        out.append(op(out[-1], x[i]))
+    return jnp.stack(out)
+
+
 def set_coefficients(psi_old, h, k, k_used, h_used, ns_old, dtype) -> Coefficients:
     """IDAS `IDASetCoeffs`: the BDF coefficients for a step of size h at order k.
 
@@ -56,11 +68,11 @@ def set_coefficients(psi_old, h, k, k_used, h_used, ns_old, dtype) -> Coefficien
     safe_old = jnp.where(psi_shift == 0, 1.0, psi_shift)
     # β_i = Π_{1≤j≤i} ψ'_{j−1}/ψ_{j−1}; roll(psi_new)[i] = ψ'_{i−1}, psi_shift[i] = ψ_{i−1}.
     ratio = jnp.where((i >= 1) & active, jnp.roll(psi_new, 1) / safe_old, 1.0)
-    beta = jnp.cumprod(ratio)
+    beta = _prefix(ratio, jnp.multiply)
     alpha = jnp.where(active, h / jnp.where(active, psi_new, 1.0), 0.0)
     alpha = alpha.at[0].set(1.0)
-    sigma = jnp.cumprod(jnp.where((i >= 1) & active, fi * alpha, 1.0))
-    gamma = jnp.concatenate([jnp.zeros((1,), dtype), jnp.cumsum(alpha[:-1]) / h])
+    sigma = _prefix(jnp.where((i >= 1) & active, fi * alpha, 1.0), jnp.multiply)
+    gamma = jnp.concatenate([jnp.zeros((1,), dtype), _prefix(alpha[:-1], jnp.add) / h])
     alpha_s = -jnp.sum(jnp.where(i < k, 1.0 / (fi + 1), 0.0))
     alpha_0 = -jnp.sum(jnp.where(i < k, alpha, 0.0))
     alpha_k = alpha[k]

@@ -29,7 +29,7 @@ from ._derivatives.reverse import AbstractAdjoint
 from ._initialization import InitMode, violated
 from ._jax_internals import unvmap_any
 from ._integrator import (CheckpointRecorder, DenseRecorder, Outputs, Problem, SegmentRecorder,
-                          initial_state, initial_step, integrate, write_outputs)
+                          initial_state, initial_step, integrate)
 from ._linalg.linear_solver import AbstractLinearSolver
 from ._newton import depends_on_yp
 from ._results import RESULTS
@@ -323,9 +323,8 @@ def run(config: Config, inputs: Inputs, record: bool = False,
     if sens is not None:
         state = eqx.tree_at(lambda z: z.phiqs, state, update_row(state.phiqs, 0, lambda _: qs0))
     state = eqx.tree_at(lambda z: z.result, state, result0)
+    # The rows at t0 are written by `integrate` (when the start status is successful).
     outputs = Outputs.create(saveat, n, qp0.shape[0], k, config.order, dtype)
-    outputs = jax.lax.cond(result0 == RESULTS.successful, lambda: write_outputs(state, outputs),
-                           lambda: outputs)   # rows at t0
     recorders = record_for(config, state, yp0) if record else ()
     if config.dense:
         recorders = recorders + (DenseRecorder.create(state, config.max_steps, config.dense > 1),)

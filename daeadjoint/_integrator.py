@@ -108,7 +108,12 @@ class Problem(eqx.Module):
 
 
 class State(eqx.Module):
-    """Fixed-size integrator state: IDAS's history arrays, scalars and counters."""
+    """Fixed-size integrator state: IDAS's history arrays, scalars and counters.
+
+    Flags that only a feature of the problem can set (`new_matrix`: forward
+    sensitivities; `npress`: constraints; `restart_pending`: breakpoints) are None
+    without it: each carried scalar costs the step loop a select and often a copy on
+    every attempt, even when it can never change."""
 
     t: Float[Array, ""]
     h: Float[Array, ""]          # step size to attempt next
@@ -128,14 +133,14 @@ class State(eqx.Module):
     cj_old: Float[Array, ""]     # cj at the last Jacobian setup
     ss: Float[Array, ""]         # Newton convergence-rate factor S
     ss_sens: Float[Array, ""]    # the same for the sensitivities' corrector (IDAS ssS)
-    new_matrix: Bool[Array, ""]  # attempt the next step with J rebuilt (see attempt_step)
+    new_matrix: Bool[Array, ""] | None  # attempt the next step with J rebuilt (attempt_step)
     lin_state: Any
     jac_point: tuple             # (t, y, yp) where lin_state was built (hot restarts)
     nef: Int[Array, ""]          # error-test failures in the current step
     ncf: Int[Array, ""]          # convergence failures in the current step
     # Consecutive accepted steps whose y was projected onto a bound the DAE drives it
     # across (`constraints`; see attempt_step).
-    npress: Int[Array, ""]
+    npress: Int[Array, ""] | None
     # The step size of the last attempt that failed on a NaN/inf residual, until an
     # accepted step is as large again (0: none): the integration is at the edge of the
     # residual's domain, which the failures that follow are blamed on.
@@ -146,7 +151,7 @@ class State(eqx.Module):
     # The last step ended on a breakpoint: the next attempt restarts the history there.
     # (Not at once: the outputs in that step, and a checkpoint, are taken from the
     # history of the step itself.)
-    restart_pending: Bool[Array, ""]
+    restart_pending: Bool[Array, ""] | None
     # An error-test failure since the order selection last kept the order after k + 1
     # steps at constant step size (see the recovery rule in attempt_step).
     recovering: Bool[Array, ""]
@@ -324,10 +329,12 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
         k_used=izero, ns=izero, phase=izero, phi=phi, phiq=phiq, phis=phis, phiqs=phiqs,
         psi=jnp.zeros((NPHI,), dtype).at[0].set(h0), cj=1 / h0, cj_old=1 / h0,
         ss=jnp.asarray(20.0, dtype), ss_sens=jnp.asarray(20.0, dtype),
-        new_matrix=jnp.zeros((), bool), lin_state=lin_state,
-        jac_point=(jnp.asarray(t0, dtype), y0, yp0), nef=izero, ncf=izero, npress=izero,
+        new_matrix=jnp.zeros((), bool) if k else None, lin_state=lin_state,
+        jac_point=(jnp.asarray(t0, dtype), y0, yp0), nef=izero, ncf=izero,
+        npress=None if problem.constraints is None else izero,
         h_nan=jnp.zeros((), dtype), fresh=jnp.ones((), bool),
-        restart_pending=jnp.zeros((), bool), recovering=jnp.zeros((), bool),
+        restart_pending=None if problem.breakpoints is None else jnp.zeros((), bool),
+        recovering=jnp.zeros((), bool),
         stats=stats, result=RESULTS.successful,
     )
 
@@ -418,7 +425,9 @@ def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
     cj_old = jnp.where(first, cj, s.cj_old)
     rate_factor = jnp.where(first, 20.0, s.ss)
     ratio = cj / cj_old
-    setup = first | (ratio < 0.6) | (ratio > 1.0 / 0.6) | s.new_matrix
+    setup = first | (ratio < 0.6) | (ratio > 1.0 / 0.6)
+    if s.new_matrix is not None:
+        setup = setup | s.new_matrix
     rate_factor = jnp.where(cj != s.cj, 100.0, rate_factor)
     if problem.reset_newton_rate:
         rate_factor = jnp.full_like(rate_factor, 100.0)
@@ -677,8 +686,9 @@ def status(s: State, corrector: Corrector, failure: Failure, passed, npress, at_
                    where(failure.error_fail & ((failure.nef >= MAX_ERROR_TEST_FAILS)
                                                | at_min_step),
                          RESULTS.error_test_failures,
-                         where(passed & (npress >= MAX_CONV_FAILS),
-                               RESULTS.constraint_failures, RESULTS.successful)))
+                         RESULTS.successful if npress is None
+                         else where(passed & (npress >= MAX_CONV_FAILS),
+                                    RESULTS.constraint_failures, RESULTS.successful)))
     # A step size driven to underflow by NaN residuals is a domain error (the solution
     # reached the edge of the residual's domain, e.g. sqrt of a state going negative).
     # Likewise a step size driven to underflow by an iterative linear solver that cannot
@@ -766,7 +776,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     hist_fail = hist.map(lambda _, phi: update_row(phi, 1, lambda row: row * failure.rescale),
                          source).fill(source)
     stats = updated_stats(problem, s, newton, linear_stats, sens_residual_evals, passed, failure)
-    npress = jnp.where(corrector.pressing, s.npress + 1, 0)
+    npress = None if s.npress is None else jnp.where(corrector.pressing, s.npress + 1, 0)
     result = status(s, corrector, failure, passed, npress, at_min_step,
                     jnp.where(passed, accept.h, failure.h), t_new, too_accurate)
 
@@ -776,11 +786,12 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         t=t_new, h=accept.h, h_used=h, k=accept.k, k_used=k, ns=coef.ns, phase=accept.phase,
         phi=new_hist.y, phiq=new_hist.q, phis=new_hist.s, phiqs=new_hist.sq,
         psi=coef.psi, cj=cj, cj_old=newton.cj_old, ss=newton.ss, ss_sens=ss_sens,
-        new_matrix=jnp.zeros((), bool), lin_state=newton.lin_state,
+        new_matrix=None if s.new_matrix is None else jnp.zeros((), bool),
+        lin_state=newton.lin_state,
         jac_point=newton.jac_point, nef=jnp.zeros_like(failure.nef),
         ncf=jnp.zeros_like(failure.ncf), npress=npress,
         h_nan=jnp.where(h >= s.h_nan, 0.0, s.h_nan), fresh=jnp.zeros((), bool),
-        restart_pending=(jnp.zeros((), bool) if problem.breakpoints is None
+        restart_pending=(None if problem.breakpoints is None
                          else jnp.any(problem.breakpoints == t_new)),
         recovering=accept.still_recovering | (s.nef > 0), stats=stats, result=result,
     )
@@ -789,8 +800,9 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         t=s.t, h=failure.h, h_used=s.h_used, k=failure.k, k_used=s.k_used, ns=coef.ns,
         phase=jnp.where(redo, s.phase, jnp.ones_like(accept.phase)), phi=hist_fail.y,
         phiq=hist_fail.q, phis=hist_fail.s, phiqs=hist_fail.sq,
-        psi=jnp.where(s.fresh, s.psi.at[0].set(failure.h), s.psi), cj=cj,
-        cj_old=newton.cj_old, ss=newton.ss, ss_sens=ss_sens, new_matrix=redo,
+        psi=jnp.where(s.fresh & (jnp.arange(NPHI) == 0), failure.h, s.psi), cj=cj,
+        cj_old=newton.cj_old, ss=newton.ss, ss_sens=ss_sens,
+        new_matrix=None if s.new_matrix is None else redo,
         lin_state=newton.lin_state, jac_point=newton.jac_point,
         nef=jnp.where(failure.conv_fail, s.nef, failure.nef), ncf=failure.ncf,
         npress=s.npress, h_nan=jnp.where(nan_fail, h, s.h_nan), fresh=s.fresh,
@@ -849,11 +861,13 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
     solution at large t, e.g. t0 = 1.7e9, from the initial values).
 
     The due rows are written in blocks of `OUTPUT_BLOCK` consecutive rows by one masked
-    update each: the first block in place, further blocks (more than 8 outputs in one
-    step, e.g. thousands of observation times) by a loop behind a `cond`. Every loop
+    update each, by a loop that runs while a row is due (more than one trip only for
+    more than 8 outputs in one step, e.g. thousands of observation times). Every loop
     iteration that touches the output buffers runs on XLA's CPU thread pool (they pass
     its ~512-byte threshold for sequential execution), so rows are written 8 at a
-    time rather than one by one: Barnes with 2400 outputs, 4x fewer iterations."""
+    time rather than one by one: Barnes with 2400 outputs, 4x fewer iterations. The
+    block update is traced once, in that loop (`integrate` writes the rows at t0 by this
+    same call): each copy of it was ~150 instructions for XLA to compile."""
     n_save = out.ts.shape[0]
     if n_save == 0:
         return out
@@ -892,10 +906,7 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
             new["qsd"] = put(o.qsd, jnp.einsum("bj,jkn->bkn", w[:, 0], stacked(s.phiqs)))
         return dataclasses.replace(o, **new)
 
-    out = write_block(out)   # the outer loop runs when an output is due: no cond
-    return jax.lax.cond(
-        unvmap_any(due(out)),
-        lambda: jax.lax.while_loop(due, write_block, out), lambda: out)
+    return jax.lax.while_loop(due, write_block, out)
 
 
 def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps: int,
@@ -909,10 +920,13 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     Two loops: the inner one takes steps until the next output time is passed or a
     sparse recorder (a checkpoint, `per_step = False`) is due, carrying only the (small)
     step state and the per-step recorders; the outer one writes the outputs that step
-    made due and the checkpoint. A step loop that carried the output or checkpoint
-    buffers made XLA's CPU runtime switch, once a buffer of its body passed ~512 bytes,
-    from sequential to thread-pool execution of every step's operations, several times
-    slower for small problems (a few dozen output values, a recording forward run)."""
+    made due and the checkpoint. The rows at the start time are written by the outer
+    loop's first trip (its inner loop takes no step when the next output time is
+    already reached), so that the output writing is traced once. A step loop that
+    carried the output or checkpoint buffers made XLA's CPU runtime switch, once a
+    buffer of its body passed ~512 bytes, from sequential to thread-pool execution of
+    every step's operations, several times slower for small problems (a few dozen
+    output values, a recording forward run)."""
     n_save = outputs.ts.shape[0]
 
     def running(s):
@@ -982,8 +996,9 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
         if ev is not None:
             t_limit = jnp.where(ev.stopped & problem.event.terminal, ev.t[0], jnp.inf)
         # The rows due now all lie in the last step (the inner loop stops at the first
-        # step that passes the next output time).
-        out = write_outputs(s, out, t_limit, s.stats["num_steps"] > 0)
+        # step that passes the next output time), or at the start time (before the
+        # first step; interpolated there from the initial history, which gives y0, y'0).
+        out = write_outputs(s, out, t_limit)
         return s, out, recs, ev
 
     # Empty output arrays (no quadratures / sensitivities) stay out of the loop carry.

@@ -39,7 +39,7 @@ def tree_where(pred, a, b):
     return jax.tree_util.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)
 
 
-def maybe_update(pred, update, operand):
+def maybe_update(pred, update, operand, pass_operand: bool = False):
     """`update()` where `pred`, else `operand` — as a loop of at most one trip, not a
     `lax.cond`: XLA gives a conditional's result its own buffer, so a cond whose other
     branch returns `operand` copies it whole each time it runs, while a loop passes its
@@ -47,9 +47,14 @@ def maybe_update(pred, update, operand):
     at n = 1764) the copies cost a quarter of the forward solve. Under `vmap` the loop
     runs once if any member needs the update and the others keep `operand` by a
     `where`: one shared predicate keeps it a real loop (with a batched predicate JAX's
-    batched loop selects the whole carry on every trip, which slows vmapped solves)."""
+    batched loop selects the whole carry on every trip, which slows vmapped solves).
+
+    `update` may take the operand as its argument (`pass_operand`): reading it from the
+    loop's carry rather than from a closure lets XLA update it in place (a value both
+    carried and closed over is copied on every entry to the loop)."""
     def body(c):
-        return jnp.zeros_like(c[0]), tree_where(pred, update(), c[1])
+        new = update(c[1]) if pass_operand else update()
+        return jnp.zeros_like(c[0]), tree_where(pred, new, c[1])
 
     return jax.lax.while_loop(lambda c: c[0], body, (unvmap_any(pred), operand))[1]
 
@@ -147,7 +152,7 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         ee = c.ee
         do_setup = c.setup
 
-        def setup():
+        def setup(operand):
             y_s, yp_s = y_pred + ee, yp_pred + cj * ee
             if scale_cols:
                 # J D: the Jacobian of w ↦ F(t, D w, D w') at w = D⁻¹ y.
@@ -157,13 +162,21 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
                     yp_s / d, cj, args)
             else:
                 lin_new = linear_solver.setup(residual, t, y_s, yp_s, cj, args)
+            new = (lin_new, linear_solver.is_singular(lin_new), (t, y_s, yp_s))
             if mask_probe is None:
-                return lin_new, c.mask
-            return lin_new, c.mask | depends_on_yp(residual, t, y_s, yp_s, args, mask_probe)
+                return new
+            mask = operand[-1]
+            return new + (mask | depends_on_yp(residual, t, y_s, yp_s, args, mask_probe),)
 
-        lin, mask = maybe_update(do_setup, setup, (c.lin, c.mask))
-        singular = do_setup & linear_solver.is_singular(lin)
-        jac_point = tree_where(do_setup, (t, y_pred + ee, yp_pred + cj * ee), c.jac_point)
+        # Everything that changes only with a setup is computed in its one-trip loop
+        # (not selected on every iteration: each select is an operation of the
+        # iteration, and so is each copy XLA makes of a value the loop carries; hence
+        # the mask only where it is probed). `do_setup` stands in for the singularity
+        # flag without a setup, where it is False.
+        operand = (c.lin, do_setup, c.jac_point) + (() if mask_probe is None else (c.mask,))
+        lin, singular, jac_point, *probed = maybe_update(do_setup, setup, operand, pass_operand=True)
+        mask = probed[0] if probed else c.mask
+        singular = do_setup & singular
         cj_old_ = jnp.where(do_setup, cj, c.cj_old)
         ss_ = jnp.where(do_setup, 20.0, c.ss)
         jcur = c.jcur | do_setup
