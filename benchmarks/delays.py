@@ -1,0 +1,148 @@
+"""Delay equations: the Kermack–McKendrick model (Calver & Enright §3.2.2; REFERENCE_VALUES
+R8) forward against jitcdde, side by side, and the cost of a gradient.
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/delays.py [--repeats 7]
+
+Problem: y(t) = (5, 0.1, 1) for t ≤ 0, τ = (1, 10), outputs at t = 5, 10, 20, 30, 40,
+55; rtol = atol = tol. Error: the largest relative error (floor 1) against the method of
+steps with scipy's DOP853 at 1e-13 (`tests/test_delays.km_reference`). Columns:
+
+- daeadjoint: `jax.jit` of `solve(..., delays=...)` (variable-order BDF; breaking points
+  t0 + Σkᵢτᵢ up to order 5 are step boundaries), warm median; its step count.
+- jitcdde (Ansmann 2018; if installed): the model compiled to C, Bogacki–Shampine
+  embedded RK with cubic Hermite history, `step_on_discontinuities()` (which integrates
+  to just past the longest delay; outputs before that from its stored spline) then
+  `integrate` at each later output time (first_step 1e-3, max_step 0.5), warm median
+  (model build and C compilation excluded, reported once).
+- gradient ÷ forward: `jax.grad` of the least-squares objective over the six outputs with
+  respect to (a, b, c, τ1, τ2) (reverse mode by transposing one variational solve with
+  five directions, docs/delays.md), warm, divided by the forward solve's time.
+jitcdde has no parameter gradients; torchdde was not installed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(1, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+import daeadjoint as dae  # noqa: E402
+from tests.test_delays import KM_P, KM_TS, km, km_lags, km_reference  # noqa: E402
+
+
+def _median(fn, repeats):
+    walls = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        walls.append(time.perf_counter() - t)
+    return statistics.median(walls)
+
+
+def _error(ys, ref):
+    return float(np.max(np.abs(np.asarray(ys) - ref) / np.maximum(np.abs(ref), 1.0)))
+
+
+def history_steps(tol):
+    """The default ring (1000 steps) holds τ2 = 10 of steps at 1e-6; at 1e-9 the
+    gradient's variational solve (five directions under error control) needs more."""
+    return 1000 if tol >= 1e-6 else 4000
+
+
+def ours(tol):
+    def solve(p):
+        sol = dae.solve(km, 0.0, 55.0, p[:3], args=p, delays=km_lags,
+                        saveat=jnp.asarray(KM_TS), rtol=tol, atol=tol,
+                        history_steps=history_steps(tol))
+        return sol.ys, sol.stats["num_steps"]
+    return jax.jit(solve)
+
+
+def jitcdde_runner():
+    try:
+        from jitcdde import jitcdde, t, y
+    except ImportError:
+        return None, None
+    tau1, tau2 = KM_P[3], KM_P[4]
+    f = [-y(0) * y(1, t - tau1) + y(1, t - tau2), y(0) * y(1, t - tau1) - y(1),
+         y(1) - y(1, t - tau2)]
+    start = time.perf_counter()
+    model = jitcdde(f, verbose=False)
+    model.compile_C(verbose=False)
+    build = time.perf_counter() - start
+
+    def run(tol):
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")      # "the spline already contains points"
+            model.constant_past(list(KM_P[:3]), time=0.0)
+            model.set_integration_parameters(rtol=tol, atol=tol, first_step=1e-3,
+                                             max_step=0.5)
+            model.step_on_discontinuities()
+            # It has integrated past the longest delay (to t = 11): earlier outputs come
+            # from its stored Hermite spline, later ones from `integrate`.
+            past = model.get_state()
+            return np.array([past.get_state(T) if T <= model.t else model.integrate(T)
+                             for T in KM_TS])
+    return run, build
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+    ref = km_reference()
+    p = jnp.asarray(KM_P)
+    run_jitcdde, build = jitcdde_runner()
+    print(f"# Kermack–McKendrick, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load "
+          f"average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; jax {jax.__version__}; "
+          f"medians of {args.repeats} warm runs")
+    if build is not None:
+        print(f"jitcdde model build + C compilation: {build:.1f} s")
+    print("| tol | daeadjoint ms | steps | error | jitcdde ms | error | ratio (ours/jitcdde) "
+          "| compile s | grad ms | grad ÷ forward |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for tol in (1e-6, 1e-9):
+        fn = ours(tol)
+        t = time.perf_counter()
+        ys, steps = jax.block_until_ready(fn(p))
+        compile_s = time.perf_counter() - t
+        wall = _median(lambda fn=fn: fn(p), args.repeats)
+        err = _error(ys, ref)
+
+        def loss(q, tol=tol):
+            sol = dae.solve(km, 0.0, 55.0, q[:3], args=q, delays=km_lags,
+                            saveat=jnp.asarray(KM_TS), rtol=tol, atol=tol,
+                            history_steps=history_steps(tol))
+            return 0.5 * jnp.sum((sol.ys - jnp.asarray(ref)) ** 2)
+
+        g = jax.jit(jax.grad(loss))
+        jax.block_until_ready(g(p))
+        wall_g = _median(lambda g=g: g(p), args.repeats)
+        if run_jitcdde is not None:
+            yj = run_jitcdde(tol)
+            wall_j = statistics.median(
+                [(lambda s: (run_jitcdde(tol), time.perf_counter() - s)[1])(time.perf_counter())
+                 for _ in range(args.repeats)])
+            jcols = f"{1e3 * wall_j:.2f} | {_error(yj, ref):.1e} | {wall / wall_j:.2f}"
+        else:
+            jcols = "– | – | –"
+        print(f"| {tol:g} | {1e3 * wall:.2f} | {int(steps)} | {err:.1e} | {jcols} | "
+              f"{compile_s:.1f} | {1e3 * wall_g:.1f} | {wall_g / wall:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
