@@ -50,8 +50,8 @@ def test_initial_values_are_consistent(name):
 
 def test_index2_references_satisfy_algebraic_equations():
     """The index-2 problems are solved in tests/test_index2.py; here their published
-    references satisfy the equations that do not involve y' (the roughness law and the flow balances
-    of the water tube system, the sphere and tangency constraints of Fekete), which
+    references satisfy the equations that do not involve y' (the roughness law and the
+    flow balances of the water tube system, the sphere and tangency constraints of Fekete), which
     checks those equations. Tolerances: the references' accuracy (flows ~1e-3 m³/s, the
     roughness law's terms ~5; |p|² − 1 and p·q to rounding)."""
     p = tube.params()
