@@ -70,7 +70,8 @@ def test_crank_reference_satisfies_equations_of_motion_and_constraints():
     rod is deformed and moving) and the velocity constraints — and, with y' = (v, w, 0)
     from the reference itself, the hidden constraint d/dt (G v) = 0. Tolerances
     relative to each equation's terms Σ_j |∂F_i/∂y_j| |y_j| (up to 6e3): 1e-14 for the
-    equations (measured ≤ 3e-16), 1e-11 for the hidden constraint (it involves the
+    equations (measured 1.2e-15; with π in place of the Test Set's 3.1415927 in
+    the element matrices, 4e-8), 1e-11 for the hidden constraint (it involves the
     index-2 accelerations, which the reference has to ~1e-12 relative: measured 1.2e-12).
     The reduced form's accelerations recovered from (φ, v, λ) by solving the equations of
     motion agree with the reference's to 1e-12 of the largest (measured 3.5e-14: the
@@ -79,11 +80,14 @@ def test_crank_reference_satisfies_equations_of_motion_and_constraints():
     y = jnp.asarray(crank.yref)
     yp = jnp.concatenate([y[7:21], jnp.zeros(10)])
     F = lambda t, y_: crank.residual(t, y_, yp, p)   # noqa: E731
-    terms = np.abs(np.asarray(jax.jacfwd(F, argnums=1)(crank.t1, y))) @ np.abs(crank.yref)
+    F_y = np.abs(np.asarray(jax.jacfwd(F, argnums=1)(crank.t1, y)))
+    terms = F_y @ np.abs(crank.yref)
     r = np.asarray(F(crank.t1, y))
     assert np.all(np.abs(r[14:23]) <= 1e-14 * terms[14:23]) and r[23] == 0.0
+    # the guide's two hidden constraints against their terms Σ_j |∂g_i/∂y_j| |y'_j| (the
+    # drive's, w1 = 0, holds exactly in the reference)
     _, dg = jax.jvp(lambda t, y_: F(t, y_)[21:23], (crank.t1, y), (1.0, yp))
-    assert np.all(np.abs(np.asarray(dg)) <= 1e-11 * terms[14:16].max())
+    assert np.all(np.abs(np.asarray(dg)) <= 1e-11 * (F_y[21:23] @ np.abs(np.asarray(yp))))
     reduced = np.concatenate([crank.yref[:14], crank.yref[21:]])
     w = crank_reduced.testset_values(reduced)[14:21]
     assert np.max(np.abs(w - crank.yref[14:21])) <= 1e-12 * np.max(np.abs(crank.yref[14:21]))
