@@ -423,8 +423,9 @@ INDEX2_ADJOINT_MESSAGE = (
 
 
 def _check_index2_reverse(config):
+    from .adjoint import Adjoint
     from .discrete_adjoint import DiscreteAdjoint
-    if config.index2 and not isinstance(config.reverse, DiscreteAdjoint):
+    if config.index2 and not isinstance(config.reverse, (DiscreteAdjoint, Adjoint)):
         raise ValueError(INDEX2_ADJOINT_MESSAGE)
 
 
