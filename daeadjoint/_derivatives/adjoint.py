@@ -146,8 +146,10 @@ ADJOINT_SINGULAR_MESSAGE = (
     "M = diag(d) F_y'ᵀ + diag(a) F_yᵀ (the transposed consistency matrix, a the algebraic "
     "directions) is singular, so the DAE is not index 1 in its algebraic variables — "
     "its algebraic block is rank-deficient (e.g. circuit nodes with no capacitance to "
-    "ground). sensitivity=DiscreteAdjoint() differentiates the computed solution "
-    "without it.")
+    "ground; or a Hessenberg index-2 DAE: declare its index-2 variables with `index2=`). "
+    "With `index2` the matrix is the one with the index-2 constraints replaced by their "
+    "time derivatives, singular where the DAE is not index 2. "
+    "sensitivity=DiscreteAdjoint() differentiates the computed solution without it.")
 
 
 def _warn_fallback(fell_back, ok, singular):
