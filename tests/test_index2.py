@@ -299,8 +299,8 @@ def test_pendulum_derivatives_central_differences():
                     - (final(q + 2 * h * e, 1e-11) - final(q - 2 * h * e, 1e-11))) / (12 * h)
                    for e in np.eye(3)], 1)
     for transform, sensitivity in MODES.values():
-        f = lambda q_: pendulum_at_rest(q_[0], q_[1], q_[2], T_DERIV,   # noqa: E731
-                                        sensitivity=sensitivity)
+        f = lambda q_, s_=sensitivity: pendulum_at_rest(   # noqa: E731
+            q_[0], q_[1], q_[2], T_DERIV, sensitivity=s_)
         J = np.asarray(transform(f)(jnp.asarray(q)))
         err = np.max(np.abs(J - fd)) / max(np.max(np.abs(fd)), 1.0)
         assert err <= 1e-5, err
@@ -507,7 +507,7 @@ def test_fekete_sensitivities_vanish():
     # final conditions: the cotangent is on the positions at T; measured ≤ 8e-12), same
     # bound — so both agree with the forward method within it.
     for sensitivity in (dae.DiscreteAdjoint(), CONTINUOUS):
-        g = jax.grad(lambda a: fekete_log_v(a, sensitivity))(alpha)
+        g = jax.grad(lambda a, s_=sensitivity: fekete_log_v(a, s_))(alpha)
         assert np.max(np.abs(np.asarray(g))) <= 1e-6, g
 
 
