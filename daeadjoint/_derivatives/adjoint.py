@@ -42,6 +42,11 @@ where a (d) masks algebraic (differential) components: M is the transpose of the
 consistency matrix C of `_consistency.py`, nonsingular exactly when the DAE is index 1
 with those algebraic variables.
 
+For a Hessenberg index-2 DAE (`index2`) M is singular and (A) is index 2 itself; the
+jumps, restarts and initial-value cotangents use the transposed hidden-constraint
+consistency matrix instead (Li & Petzold §4.2, §5.6; the section "Hessenberg index 2"
+below).
+
 Only the step sequence of the forward pass is reused; step sizes and orders are never
 differentiated (Eberhard & Bischof): what is differentiated is the continuous problem.
 """
