@@ -12,7 +12,8 @@ DASPKADJOINT §7.3. Scored: ``scd`` of the positions against the Test Set's refe
 - daeadjoint: ``solve(..., index2=mask)`` (the index-2 variables out of the error test,
   their columns scaled by cj), under ``jax.jit``; the gradient of log V(x(T)),
   V = Π_{i<j} ‖x_i − x_j‖, w.r.t. α by forward sensitivities (``jax.jacfwd``) and by
-  ``jax.grad`` with its default for index-2 problems.
+  ``jax.grad`` with its default (the continuous adjoint, with its index-2 final
+  conditions) and with ``sensitivity=DiscreteAdjoint()``.
 - IDAS via casadi (SX residual, exact sparse Jacobian, C-compiled with gcc when available)
   on the semi-explicit form x = (positions, velocities), z = (λ, μ), with
   ``suppress_algebraic`` (IDASetSuppressAlg: the algebraic variables out of the error
@@ -70,7 +71,9 @@ def ours(rtol: float):
 
     forward = jax.jit(lambda a: (lambda s: (s.ys[-1], s.stats["num_steps"]))(solve(a)))
     loss = lambda a: log_potential(solve(a).ys[-1, :60])   # noqa: E731
-    return forward, jax.jit(jax.jacfwd(loss)), jax.jit(jax.grad(loss))
+    loss_d = lambda a: log_potential(solve(a, dae.DiscreteAdjoint()).ys[-1, :60])   # noqa: E731
+    return (forward, jax.jit(jax.jacfwd(loss)), jax.jit(jax.grad(loss)),
+            jax.jit(jax.grad(loss_d)))
 
 
 def casadi_idas(rtol: float):
@@ -140,16 +143,18 @@ def main():
     alpha = jnp.asarray(FEKETE_ALPHA)
     rows_f, rows_g = [], []
     for rtol in (float(r) for r in a.rtols.split(",")):
-        forward, jacfwd, grad = ours(rtol)
+        forward, jacfwd, grad, grad_d = ours(rtol)
         label, ida, ida_steps = casadi_idas(rtol)
         (f0, w0, (y, steps)), (_, w1, y1) = interleaved(
             [lambda f=forward: f(alpha), ida], a.repeats)
         rows_f.append(f"| {rtol:g} | {int(steps)} | {fekete.scd(np.asarray(y)):.2f} | "
                       f"{w0 * 1e3:.1f} | {f0:.1f} | {ida_steps()} | {fekete.scd(y1):.2f} | "
                       f"{w1 * 1e3:.1f} | {w0 / w1:.2f} |")
-        res = interleaved([lambda f=jacfwd: f(alpha), lambda f=grad: f(alpha)], a.repeats)
+        res = interleaved([lambda f=jacfwd: f(alpha), lambda f=grad: f(alpha),
+                           lambda f=grad_d: f(alpha)], a.repeats)
         for name, (f, w, g) in zip(("jax.jacfwd (forward sensitivities)",
-                                    "jax.grad (default for index2)"), res):
+                                    "jax.grad (default: Adjoint())",
+                                    "jax.grad, DiscreteAdjoint()"), res):
             rows_g.append(f"| {rtol:g} | {name} | {float(jnp.max(jnp.abs(g))):.1e} | "
                           f"{w * 1e3:.1f} | {w / w0:.2f} | {w / w1:.2f} | {f:.1f} |")
         print(f"rtol {rtol:g} done (load {os.getloadavg()[0]:.1f})", file=sys.stderr,
