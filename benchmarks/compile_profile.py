@@ -19,7 +19,9 @@ of `derivatives.py` part b. For each program:
 - XLA's compile split from its own log (`TF_CPP_VMODULE`, timestamps of the main
   module's lines): **HLO passes** (the optimization pipeline: simplification, while-loop
   passes, fusion, ...), **emit** (thunks and each kernel's LLVM IR: the fusion emitters)
-  and **LLVM** (machine code of the kernels), and the slowest HLO passes;
+  and **LLVM** (machine code of the kernels), and the slowest HLO passes; and XLA's CPU
+  seconds (all its threads), which other processes on the machine disturb far less
+  than its wall time;
 - the program's size: StableHLO operations, HLO instructions after optimization (fused
   bodies included) and its kernels (`fusion` instructions), and how often the model's
   residual was traced.
@@ -132,8 +134,8 @@ def child(program: str, tree: str, out: str, cache: str | None):
     r = dict(program=program, import_s=time.perf_counter() - t_import)
     if cache:
         # A user's first call, nothing else: the cache decides what XLA compiles. JAX
-        # reports each backend compile (whether or not the cache was asked; a program
-        # with a host callback is never looked up) and each cache hit.
+        # reports each program it hands to the backend (read from the cache or
+        # compiled; a program with a host callback is never looked up) and each hit.
         events = {"compiles": 0, "hits": 0}
 
         def listen(name, duration, **kw):
@@ -148,8 +150,8 @@ def child(program: str, tree: str, out: str, cache: str | None):
         jax.monitoring.register_event_listener(hit)
         t = time.perf_counter()
         jax.block_until_ready(jax.jit(fn)(x))
-        r.update(first_call=time.perf_counter() - t, compiled=events["compiles"],
-                 hits=events["hits"])
+        r.update(first_call=time.perf_counter() - t, programs=events["compiles"],
+                 compiled=events["compiles"] - events["hits"], hits=events["hits"])
         Path(out).write_text(json.dumps(r))
         return
     jitted = jax.jit(fn)
@@ -160,8 +162,10 @@ def child(program: str, tree: str, out: str, cache: str | None):
     t2 = time.perf_counter()
     print("@@XLA-START", flush=True)
     print("@@XLA-START", file=sys.stderr, flush=True)
+    c2 = time.process_time()
     compiled = lowered.compile()
     t3 = time.perf_counter()
+    xla_cpu = time.process_time() - c2
     jax.block_until_ready(compiled(x))
     t4 = time.perf_counter()
     text = compiled.as_text()
@@ -169,7 +173,7 @@ def child(program: str, tree: str, out: str, cache: str | None):
     ops = [re.search(r" = .*?([a-z][a-z0-9\-]*)\(", ln) for ln in body]
     ops = [m.group(1) for m in ops if m]
     free = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
-    r.update(trace=t1 - t0, lower=t2 - t1, xla=t3 - t2, first_call=t4 - t0,
+    r.update(trace=t1 - t0, lower=t2 - t1, xla=t3 - t2, first_call=t4 - t0, xla_cpu=xla_cpu,
              stablehlo=len(re.findall(r"^\s*(%\S+ = )?\"?(stablehlo|func|chlo)\.",
                                       lowered.as_text(), re.M)),
              hlo=sum(o not in free for o in ops), kernels=ops.count("fusion"),
@@ -267,8 +271,9 @@ def main():
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; jax {jax.__version__}; "
           f"daeadjoint from {a.tree}\n")
     print("| program | first call s | trace | lower | XLA | HLO passes | emit | LLVM | "
-          "StableHLO | HLO instr. | kernels | whiles | residual traced | slowest passes (s) |")
-    print("|---" * 15 + "|")
+          "StableHLO | HLO instr. | kernels | whiles | residual traced | slowest passes (s) | "
+          "XLA CPU s |")
+    print("|---" * 16 + "|")
     for _ in range(a.repeats):
         for prog in progs:
             r = run_child(prog, a.tree)
@@ -279,7 +284,7 @@ def main():
             print(f"| {prog} | {f('first_call')} | {f('trace')} | {f('lower')} | {f('xla')} | "
                   f"{f('hlo_passes')} | {f('emit')} | {f('llvm')} | {r['stablehlo']} | "
                   f"{r['hlo']} | {r['kernels']} | {r['whiles']} | {r['residual_traces']} | "
-                  f"{r.get('top_passes', '')} |", flush=True)
+                  f"{r.get('top_passes', '')} | {f('xla_cpu')} |", flush=True)
     if not a.cache:
         return
     print("\nPersistent compilation cache: first call of a process that fills it and of a "
