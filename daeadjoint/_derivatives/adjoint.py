@@ -831,27 +831,39 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         c, _ = jax.lax.while_loop(outer_cond, outer_body, (carry0, None))
         return finish(c)
 
-    def pass_body(P):
-        """One pass over the segments: the continuous adjoint's, then (where it failed
-        on a successful forward run) the discrete adjoint's from the last segment."""
-        c, d, _, out, result, singular = P
-        c, d = jax.lax.while_loop(outer_cond, outer_body, (c, d))
-        out_c, result_c, singular_c = finish(c)
-        first = ~d.on
-        failed = first & (result_c == RESULTS.adjoint_failed) & succeeded(rec.result)
-        # The discrete pass starts from the last segment; every segment is replayed
-        # (`segment_steps`), so nothing else of the continuous pass's state matters.
-        c = c._replace(segment=jnp.where(failed, carry0.segment, c.segment), ok=c.ok | failed)
-        return (c, d._replace(on=d.on | failed), failed,
-                tree_where(first, out_c, out), RESULTS.where(first, result_c, result),
-                jnp.where(first, singular_c, singular))
+    def switch(carry):
+        """Where the continuous pass has just ended (failed, or done with segment 0):
+        did it fail on a successful forward run — then start the discrete pass from
+        the last segment (every segment is replayed, `segment_steps`, so nothing else
+        of the continuous pass's state matters) — and was M singular. Only the
+        singularity test of `at_t0` is needed for that; its cotangents are computed
+        once, after the loop (`finish`), where no discrete pass ran."""
+        c, d, singular_c = carry
+        ended = ~d.on & ~((c.segment >= 0) & c.ok)
 
+        def check():
+            singular = c.singular | (c.ok & singular_at_t0(bw, inputs, c))
+            return (~c.ok | singular) & succeeded(rec.result), singular
+
+        no = (jnp.zeros((), bool), singular_c)
+        failed, singular = jax.lax.cond(unvmap_any(ended),
+                                        lambda: tree_where(ended, check(), no), lambda: no)
+        c = c._replace(segment=jnp.where(failed, carry0.segment, c.segment), ok=c.ok | failed)
+        return c, d._replace(on=d.on | failed), singular
+
+    # One loop over the segments for both passes (the continuous adjoint's, then where it
+    # failed the discrete adjoint's), the switch at the end of a trip: a loop of passes
+    # around the segment loop, with `finish` inside it, made XLA's while-loop passes
+    # take several seconds more to compile the gradient (benchmarks/compile_profile.py).
     d0 = _Discrete(on=jnp.zeros((), bool), bars=zero_bars(sw, k, n), h1=jnp.ones((), dtype))
-    out0 = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype),
-                                  jax.eval_shape(lambda: finish(carry0)[0]))
-    c, d, _, out, result, singular = jax.lax.while_loop(
-        lambda P: P[2], pass_body,
-        (carry0, d0, jnp.ones((), bool), out0, RESULTS.successful, jnp.zeros((), bool)))
+    c, d, singular_c = jax.lax.while_loop(
+        lambda carry: outer_cond((carry[0], carry[1])),
+        lambda carry: switch(outer_body((carry[0], carry[1])) + (carry[2],)),
+        (carry0, d0, jnp.zeros((), bool)))
+    # The continuous pass's cotangents (its end state is c unless the discrete pass ran;
+    # a forward run that failed makes no trip, and its cotangents are NaN'd by the caller).
+    out, result, singular = finish(c)
+    singular = jnp.where(d.on, singular_c, singular)
 
     def discrete():
         """The discrete pass's cotangents: through the initial history to the inputs
@@ -866,6 +878,16 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
 
     out, result = jax.lax.cond(unvmap_any(d.on), discrete, lambda: (out, result))
     return out, result, singular
+
+
+def singular_at_t0(bw: _Backward, inputs, c: _Sweep):
+    """Whether M is singular at t0 (the singularity `at_t0`'s jump reports)."""
+    t0 = inputs.t0
+    y_t0, yp_t0 = c.buf.evaluate(t0)
+    split = bw.split(t0, y_t0, yp_t0)
+    _, singular = _m_solve(bw.terms, bw.solver, split, t0, y_t0, yp_t0, bw.p,
+                           jnp.zeros((1, bw.n), y_t0.dtype))
+    return singular
 
 
 def at_t0(bw: _Backward, config, inputs, c: _Sweep, unravel, pd, p_events):
