@@ -31,10 +31,17 @@ own error control (as IDAS's full error control: its y agrees with the plain sol
 within the tolerances). The step sequence is never differentiated (Eberhard & Bischof):
 the derivative is that of the continuous problem.
 
-Reverse mode. When JAX linearizes (`grad`, `vjp`), the tangent is J·ṗ with J from one
-integration of the variational system carrying all N input directions (Y of size
-n(1 + N)), so that what JAX transposes is a product: correct, at a cost growing with N.
-The continuous adjoint (Calver & Enright §2.3) is not implemented yet.
+Reverse mode. When JAX linearizes (`grad`, `vjp`), the tangent is either
+- (`sensitivity=ForwardSensitivity()`) J·ṗ with J from one integration of the
+  variational system carrying all N input directions (Y of size n(1 + N)), so that what
+  JAX transposes is a product: correct, at a cost growing with N; or
+- (`sensitivity=Adjoint()`) the linear primitive `delay_tangent_p`, whose transpose is
+  the continuous adjoint (Calver & Enright §2.3, `adjoint.py`): a second forward run
+  keeping its interpolants and one backward delay solve of size n with an N-vector
+  quadrature, for index-0 equations. A cotangent on `yps` or on quadratures is
+  transposed through the variational Jacobian instead (correct, at its cost).
+`sensitivity=None` takes the adjoint above `ADJOINT_MIN_INPUTS` input components (and
+without quadratures or algebraic components).
 """
 
 import inspect
@@ -539,8 +546,7 @@ REVERSE_MESSAGE = (
     "Reverse-mode derivatives (jax.grad, jax.vjp, jax.jacrev) of a delay DAE's solution "
     "cannot pass through a jax.jit that is itself differentiated, as in "
     "jax.grad(jax.jit(f)): write jax.jit(jax.grad(f)) instead (reverse mode runs the "
-    "variational system with a direction per input component; the continuous adjoint "
-    "with advanced arguments lambda(t + tau) is not implemented yet).")
+    "variational system or the continuous adjoint, chosen when JAX linearizes).")
 
 
 def _no_reverse(x):
@@ -633,10 +639,8 @@ def _tangent_transpose(inputs_all, cts_out):
             ct_zs = jnp.zeros(shapes[0].shape, shapes[0].dtype)
         ct_p, ct_y0 = adjoint_cotangents(static["solve"], static, dyn, ct_zs, static["reverse"])
     else:
-        cts = tuple(jnp.zeros(sh.shape, sh.dtype) if c is None else c
-                    for c, sh in zip(cts_out, shapes) if sh is not None)
-        if shapes[2] is None:
-            cts = cts + (None,)
+        cts = tuple(None if sh is None else (jnp.zeros(sh.shape, sh.dtype) if c is None else c)
+                    for c, sh in zip(cts_out, shapes))
         lin = jax.linear_transpose(
             lambda a, b: _jacobian_product(static, dyn, a, b), p_av, y_av)
         ct_p, ct_y0 = lin(cts)
