@@ -588,3 +588,39 @@ def test_adjoint_history_function_parameter():
     a = 0.3
     g = float(jax.jit(jax.grad(end))(jnp.array([a]))[0])
     assert abs(g - exact_linear_history(a)[1]) < 100 * tol, g
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_obs", [10, 1000])
+def test_adjoint_kermack_mckendrick_least_squares(n_obs):
+    """Gradient of ½ Σ‖y(t_i) − ỹ_i‖² (noisy data at n_obs times) w.r.t. (a, b, c, τ1, τ2)
+    by the continuous adjoint, by forward mode (jacfwd) and by central differences.
+
+    Bounds, relative to max |gradient| (3.58, the b component): adjoint vs jacfwd 1e-4 —
+    two rtol-1e-8 approximations of the same continuous gradient over 55 time units
+    (measured 1.6e-6 at n_obs = 10), while leaving out the lag term or the history term
+    changes a component by ≥ 1e-2 of that; vs central differences (step 1e-5 of rtol-1e-8
+    solves) 1e-3 — their noise tol/h (measured 1.3e-5)."""
+    tol = 1e-8
+    p0 = jnp.asarray(KM_P)
+    ts = jnp.linspace(55.0 / n_obs, 55.0, n_obs)
+
+    def ys(p, sens=None):
+        return dae.solve(km, 0.0, 55.0, p[:3], args=p, delays=km_lags, saveat=ts, rtol=tol,
+                         atol=tol, sensitivity=sens, history_steps=4000).ys
+
+    base = np.asarray(jax.jit(ys)(p0))
+    data = base + 0.05 * np.random.default_rng(0).standard_normal(base.shape)
+
+    def loss(p, sens=None):
+        return 0.5 * jnp.sum((ys(p, sens) - data) ** 2)
+
+    g_adj = np.asarray(jax.jit(jax.grad(lambda p: loss(p, dae.Adjoint())))(p0))
+    g_fwd = np.asarray(jax.jit(jax.jacfwd(loss))(p0))
+    f = jax.jit(loss)
+    h = 1e-5
+    g_cd = np.array([(float(f(p0.at[i].add(h))) - float(f(p0.at[i].add(-h)))) / (2 * h)
+                     for i in range(5)])
+    scale = np.max(np.abs(g_fwd))
+    assert np.max(np.abs(g_adj - g_fwd)) / scale < 1e-4, (g_adj, g_fwd)
+    assert np.max(np.abs(g_adj - g_cd)) / scale < 1e-3, (g_adj, g_cd)
