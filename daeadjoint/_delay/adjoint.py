@@ -159,6 +159,20 @@ class Backward(eqx.Module):
         return jnp.concatenate([jnp.ravel(v) for v in leaves]) if leaves else jnp.zeros((0,))
 
 
+# Steps the backward solve may take after each restart at an observation-derived step
+# boundary before its step size has grown back (order 1 and a small first step, at the
+# tolerances of the tests: Kermack–McKendrick with 1000 observations overflowed a ring of
+# 4000 steps within τ2 = 10, which holds ~550 such boundaries).
+STEPS_PER_RESTART = 10
+
+
+def backward_history_steps(forward: int, n_obs: int, m: int) -> int:
+    """The backward solve's ring: the forward's `history_steps` plus room for the
+    restarts at the n_obs(1 + m) observation-derived step boundaries (memory
+    O(ring · 6n); a ring still too small stops with `RESULTS.delay_history_lost`)."""
+    return forward + STEPS_PER_RESTART * n_obs * (1 + m)
+
+
 def adjoint_cotangents(solve, static, dyn, ct_ys, options):
     """(cotangent of the inexact leaves of `Params` as a Params-like pytree, cotangent of
     y0): the continuous adjoint for the cotangent `ct_ys` (n_save, n) of `ys`."""
@@ -193,7 +207,8 @@ def adjoint_cotangents(solve, static, dyn, ct_ys, options):
               saveat=jnp.reshape(span, (1,)), breakpoints=breaks, rtol=rtol, atol=atol,
               quad_error_control=bool(options.quad_error_control), quad_rtol=rtol,
               quad_atol=atol, max_steps=kw.get("max_steps", 100_000),
-              history_steps=static["history_steps"],
+              history_steps=backward_history_steps(static["history_steps"], saveat.shape[0],
+                                                   tau.shape[0]),
               linear_solver=None, throw=kw.get("throw", True))
     w0 = x.ys[-1] + g_cum[-1]
     flat = x.qs[-1]
