@@ -624,3 +624,32 @@ def test_adjoint_kermack_mckendrick_least_squares(n_obs):
     scale = np.max(np.abs(g_fwd))
     assert np.max(np.abs(g_adj - g_fwd)) / scale < 1e-4, (g_adj, g_fwd)
     assert np.max(np.abs(g_adj - g_cd)) / scale < 1e-3, (g_adj, g_cd)
+
+
+@pytest.mark.slow
+def test_adjoint_jacrev_and_the_quadrature_fallback():
+    """jax.jacrev by the adjoint (one backward solve per output, batched) against the
+    exact d y(t_i)/d(τ, c) at the eight output times, bound 100·tol as above (measured
+    2.2e-7 at tol 1e-8); and a cotangent on a quadrature with sensitivity=Adjoint(),
+    which goes through the variational Jacobian's transpose: against forward mode, to
+    rounding (the same variational system), and dq/dc = q/c (q is linear in c)."""
+    tol = 1e-8
+    p = jnp.array([1.0, 1.0])
+
+    def ys(p):
+        return dae.solve(retarded, 0.0, T, p[1] * jnp.ones(1), args=p, delays=first_arg,
+                         saveat=SAVEAT, rtol=tol, atol=tol, sensitivity=dae.Adjoint()).ys[:, 0]
+
+    J = np.asarray(jax.jit(jax.jacrev(ys))(p))
+    want = np.array([[exact_dtau(float(t)), exact(float(t))] for t in SAVEAT])
+    assert np.max(np.abs(J - want)) < 100 * tol, J - want
+
+    def q(p):
+        return dae.solve(retarded, 0.0, T, p[1] * jnp.ones(1), args=p, delays=first_arg,
+                         quadrature=lambda t, y, yp, a: y, rtol=tol, atol=tol,
+                         sensitivity=dae.Adjoint()).qs[-1, 0]
+
+    g = np.asarray(jax.jit(jax.grad(q))(p))
+    gf = np.asarray(jax.jacfwd(q)(p))
+    assert np.max(np.abs(g - gf)) < 1e-12, (g, gf)
+    assert abs(g[1] - float(q(p))) < 100 * tol
