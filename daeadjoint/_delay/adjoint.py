@@ -205,7 +205,9 @@ def adjoint_cotangents(solve, static, dyn, ct_ys, options):
     x = solve(bw.residual, jnp.zeros((), dtype), span, jnp.zeros((n,), dtype), None, data,
               delays=tau, history=bw.history, quadrature=bw.quadrature,
               saveat=jnp.reshape(span, (1,)), breakpoints=breaks, rtol=rtol, atol=atol,
-              quad_error_control=bool(options.quad_error_control), quad_rtol=rtol,
+              # Always in the error test: a delay solve's quadrature without it was
+              # seen grossly wrong (docs/delays.md), and this one is the gradient.
+              quad_error_control=True, quad_rtol=rtol,
               quad_atol=atol, max_steps=kw.get("max_steps", 100_000),
               history_steps=backward_history_steps(static["history_steps"], saveat.shape[0],
                                                    tau.shape[0]),
