@@ -18,6 +18,16 @@ steps with scipy's DOP853 at 1e-13 (`tests/test_delays.km_reference`). Columns:
   respect to (a, b, c, τ1, τ2) (reverse mode by transposing one variational solve with
   five directions, docs/delays.md), warm, divided by the forward solve's time.
 jitcdde has no parameter gradients; torchdde was not installed here.
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/delays.py --gradient-scaling [--repeats 3]
+
+The cost of the gradient of ½ Σ‖y(t_i) − ỹ_i‖² (noisy data, n_o equally spaced outputs on
+(0, 55], rtol = atol = 1e-8) by the continuous adjoint (`sensitivity=Adjoint()`) and by
+the variational system (`sensitivity=ForwardSensitivity()`), against n_o = 10, 100, 1000
+(the five parameters) and against the number of parameters (n_o = 10; K extra
+parameters θ enter y1' as Σ_j θ_j cos(j t / 10), with θ = 0, so the solution is the same
+and every θ_j has a nonzero derivative). Reported: warm median ms, ÷ the forward solve,
+and the backward solve's step count (adjoint) — load-independent.
 """
 
 from __future__ import annotations
@@ -100,10 +110,52 @@ def jitcdde_runner():
     return run, build
 
 
+def km_extra(t, y, yp, y_lag, p):
+    """Kermack–McKendrick with the extra parameters p[5:] as a forcing of y1'."""
+    k = p.shape[0] - 5
+    forcing = jnp.sum(p[5:] * jnp.cos(jnp.arange(1, k + 1) * t / 10.0)) if k else 0.0
+    return km(t, y, yp, y_lag, p) - jnp.array([forcing, 0.0, 0.0])
+
+
+def gradient_scaling(repeats):
+    tol = 1e-8
+    print(f"# gradient cost, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load "
+          f"average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; medians of {repeats} "
+          "warm runs")
+    print("| n_o | parameters | forward ms | adjoint ms (÷ fwd) | variational ms (÷ fwd) |")
+    print("|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    for n_obs, extra in ((10, 0), (10, 20), (10, 60), (100, 0), (1000, 0)):
+        ts = jnp.linspace(55.0 / n_obs, 55.0, n_obs)
+        p = jnp.concatenate([jnp.asarray(KM_P), jnp.zeros(extra)])
+
+        def run(q, sens=None, ts=ts):
+            return dae.solve(km_extra, 0.0, 55.0, q[:3], args=q, delays=lambda q: q[3:5],
+                             saveat=ts, rtol=tol, atol=tol, history_steps=4000,
+                             sensitivity=sens).ys
+
+        base = jax.jit(run)(p)
+        data = base + 0.05 * rng.standard_normal(base.shape)
+        fwd = jax.jit(run)
+        jax.block_until_ready(fwd(p))
+        cols = [_median(lambda: fwd(p), repeats)]
+        for sens in (dae.Adjoint(), dae.ForwardSensitivity()):
+            g = jax.jit(jax.grad(lambda q, sens=sens: 0.5 * jnp.sum((run(q, sens) - data) ** 2)))
+            jax.block_until_ready(g(p))
+            cols.append(_median(lambda g=g: g(p), repeats))
+        f0, a, v = cols
+        print(f"| {n_obs} | {5 + extra} | {1e3 * f0:.0f} | {1e3 * a:.0f} ({a / f0:.1f}) | "
+              f"{1e3 * v:.0f} ({v / f0:.1f}) |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--gradient-scaling", action="store_true")
     args = ap.parse_args()
+    if args.gradient_scaling:
+        gradient_scaling(args.repeats)
+        return
     ref = km_reference()
     p = jnp.asarray(KM_P)
     run_jitcdde, build = jitcdde_runner()

@@ -409,10 +409,12 @@ def solve(
       residual is then `F(t, y, yp, y_lag, args)` with `y_lag[i]` = y(t − τ_i) (shape
       (m, n)), taken from the integrator's interpolating polynomials; see the delays
       page. Derivatives with respect to `args`, the lags, `y0` and the history by the
-      variational delay system: `jax.jvp`/`jax.jacfwd`, and `jax.grad`/`jax.vjp`
-      through the Jacobian (one variational solve with a direction per input
-      component; no adjoint yet; jit outside grad). `quadrature` sees no lagged values; no events, dense output or
-      index-2 variables yet.
+      variational delay system: `jax.jvp`/`jax.jacfwd`; `jax.grad`/`jax.vjp` by the
+      continuous adjoint with advanced arguments λ(t + τ) (`sensitivity=Adjoint()`,
+      index 0) or through the Jacobian of one variational solve with a direction per
+      input component (`sensitivity=ForwardSensitivity()`); None chooses by the number
+      of input components (the delays page); jit outside grad. `quadrature` sees no
+      lagged values; no events, dense output or index-2 variables yet.
     - `history`: `h(t, args) -> y(t)` for t ≤ t0 (with `delays=`). Default None: the
       constant history y(t) = y0.
     - `history_steps`: with `delays=`, how many past steps are kept for the lagged
