@@ -222,6 +222,7 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
                    batch: Sequence[str] = ("y0", "args"), chunk_size: int | None = None,
                    memory_limit: int | None = None, devices: Sequence[Any] | None = None,
                    cost: Any = None, progress: bool | Callable[[int, int], Any] = False,
+                   queue: bool | None = None, segment: int = 64,
                    **solve_kwargs: Any) -> Solution:
     r"""`solve` for every member of a batch of initial values and/or parameters, with
     per-member statuses (`ensemble` of `solve`, `throw=False` by default).
@@ -273,7 +274,16 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
         member = _MEMBERS.setdefault(key, member)
         if len(_MEMBERS) > 32:
             _MEMBERS.pop(next(iter(_MEMBERS)))
-    return ensemble(member, *[values[b] for b in names], chunk_size=chunk_size,
+    batched = [values[b] for b in names]
+    if queue:
+        parts = _Member(residual, names, shared, solve_kwargs)
+        dyn, _ = eqx.partition(batched, eqx.is_array)
+        total = _batch_size(dyn)
+        order = np.arange(total) if cost is None else np.argsort(-np.asarray(cost), kind="stable")
+        dev = (jax.local_devices() if devices is None else list(devices))[0]
+        return _queue(parts, dyn, total, chunk_size or total, segment, dev, order,
+                      _reporter(progress))
+    return ensemble(member, *batched, chunk_size=chunk_size,
                     memory_limit=memory_limit, devices=devices, cost=cost, progress=progress)
 
 
@@ -295,3 +305,142 @@ def _key(tree):
                 return None
             out.append(x)
     return treedef, tuple(out)
+
+
+# ------------------------------------------------------------------ refilled working set
+#
+# A vmapped `while_loop` runs until its slowest member is done, so a chunk costs its size
+# times its slowest member's steps. The queue keeps a working set of `slots` members on
+# the device and runs them a segment (at most `segment` accepted steps each) at a time
+# through one compiled program; between segments the host collects the members that are
+# done (success or failure) and gives their slots to the next members of the queue. A
+# batch then costs about its members' own steps (plus at most a segment per member
+# spent waiting), not its size times the slowest member's.
+#
+# The integration's carry resumes (`integrate(..., until=)`), so each member takes the
+# steps of its own uninterrupted solve.
+
+
+class _Member:
+    """One member's solve in pieces (configure → begin → integrate a segment → end),
+    each a function of the member's batched inputs `xs` (traced under `vmap`). Hashed by
+    identity: the static argument of the compiled queue programs, cached per problem
+    like `solve_ensemble`'s member function."""
+
+    def __init__(self, residual, names, shared, solve_kwargs):
+        import inspect
+
+        from ._solve import _configure, solve
+        params = inspect.signature(_configure).parameters
+        defaults = {k: p.default for k, p in inspect.signature(solve).parameters.items()
+                    if k in params and p.kind == p.KEYWORD_ONLY}
+        self.residual, self.names, self.shared = residual, tuple(names), shared
+        self.options = dict(defaults, **solve_kwargs)
+        self._configure = _configure
+
+    def configure(self, xs):
+        from ._solve import _core_inputs
+        kw = dict(self.shared, **dict(zip(self.names, xs)))
+        config, inputs = self._configure(self.residual, kw["t0"], kw["t1"], kw["y0"],
+                                         kw["yp0"], kw["args"], **self.options)
+        return config, inputs, _core_inputs(inputs)
+
+    def begin(self, xs):
+        from ._core import begin
+        config, _, inputs = self.configure(xs)
+        _, carry, start = begin(config, inputs)
+        return carry, start
+
+    def advance(self, xs, carry, start, segment: int):
+        """(carry, start, done) after at most `segment` more accepted steps."""
+        from ._core import _with_progress, build_problem
+        from ._integrator import integrate
+        from ._results import RESULTS
+        config, _, inputs = self.configure(xs)
+        problem = _with_progress(build_problem(config, inputs), config)
+        state, outputs, recorders, events = carry
+        carry = integrate(problem, state, outputs, inputs.t1, config.max_steps, recorders,
+                          events, until=state.stats["num_steps"] + segment)
+        state = carry[0]
+        done = ~((state.t < inputs.t1) & (state.result == RESULTS.successful))
+        return carry, start, done
+
+    def end(self, xs, carry, start) -> Solution:
+        from ._core import end
+        from ._solve import _solution
+        config, inputs, core_inputs = self.configure(xs)
+        core, _, _ = end(config, core_inputs, carry, start)
+        return _solution(config, inputs, core)[0]
+
+
+def _rows(mask, new, old):
+    return jnp.where(mask.reshape(mask.shape + (1,) * (jnp.ndim(old) - 1)), new, old)
+
+
+@eqx.filter_jit
+def _queue_segment(member: _Member, xs, carry, start, new_xs, refill, segment: int):
+    """The working set after giving the `refill` slots the members `new_xs` (their
+    initialization) and advancing every slot by at most `segment` steps:
+    (xs, carry, start, done)."""
+    def refilled():
+        fresh = jax.vmap(member.begin)(new_xs)
+        return jax.tree_util.tree_map(ft.partial(_rows, refill), fresh, (carry, start))
+
+    # Unbatched predicate: the initialization runs only in segments that refill a slot.
+    carry, start = jax.lax.cond(jnp.any(refill), refilled, lambda: (carry, start))
+    xs = jax.tree_util.tree_map(ft.partial(_rows, refill), new_xs, xs)
+    carry, start, done = jax.vmap(ft.partial(member.advance, segment=segment))(xs, carry, start)
+    return xs, carry, start, done
+
+
+@eqx.filter_jit
+def _queue_end(member: _Member, xs, carry, start):
+    return jax.vmap(member.end)(xs, carry, start)
+
+
+def _queue(member: _Member, dyn, total: int, slots: int, segment: int, device, order,
+           report) -> Any:
+    """Every member's Solution through a refilled working set of `slots` members, in the
+    queue's `order` (indices into the batch); returned in the batch's order."""
+    slots = min(slots, total)
+    take = lambda rows: jax.device_put(  # noqa: E731
+        jax.tree_util.tree_map(lambda x: np.asarray(x)[rows], dyn), device)
+    queue = list(order)
+    xs = take(np.asarray(queue[:1] * slots))
+    # A placeholder carry for the first segment, whose slots are all refilled.
+    shapes = eqx.filter_eval_shape(jax.vmap(member.begin), xs)
+    carry, start = jax.tree_util.tree_map(
+        lambda s: jnp.zeros(s.shape, s.dtype) if isinstance(s, jax.ShapeDtypeStruct) else s,
+        shapes)
+    owner = np.full(slots, -1)             # the member in each slot, -1: none
+    results: list | None = None             # one array per output leaf, a row per member
+    out_static = treedef = None
+    done_count, nxt, t_start = 0, 0, time.perf_counter()
+    while True:
+        free = np.flatnonzero(owner < 0)[:total - nxt]
+        refill = np.zeros(slots, bool)
+        refill[free] = True
+        pick = np.zeros(slots, int)
+        pick[free] = queue[nxt:nxt + len(free)]
+        owner[free] = pick[free]
+        nxt += len(free)
+        if not (owner >= 0).any():
+            break
+        xs, carry, start, done = _queue_segment(member, xs, carry, start, take(pick),
+                                                jnp.asarray(refill), segment)
+        finished = np.flatnonzero(np.asarray(done) & (owner >= 0))
+        if finished.size:
+            out_dyn, out_static = eqx.partition(_queue_end(member, xs, carry, start),
+                                                eqx.is_array)
+            leaves, treedef = jax.tree_util.tree_flatten(out_dyn)
+            if results is None:
+                results = [np.empty((total,) + x.shape[1:], x.dtype) for x in leaves]
+            for r, x in zip(results, leaves):
+                r[owner[finished]] = np.asarray(x)[finished]
+            owner[finished] = -1
+            done_count += finished.size
+            if report is not None:
+                report(done_count, total, time.perf_counter() - t_start)
+    assert results is not None and treedef is not None
+    stacked = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(r) for r in results])
+    return eqx.combine(stacked, out_static)
