@@ -277,6 +277,10 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
     batched = [values[b] for b in names]
     if queue:
         parts = _Member(residual, names, shared, solve_kwargs)
+        if key is not None:    # a repeated call reuses the compiled queue programs
+            parts = _PARTS.setdefault(key, parts)
+            if len(_PARTS) > 32:
+                _PARTS.pop(next(iter(_PARTS)))
         dyn, _ = eqx.partition(batched, eqx.is_array)
         total = _batch_size(dyn)
         order = np.arange(total) if cost is None else np.argsort(-np.asarray(cost), kind="stable")
@@ -288,6 +292,7 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
 
 
 _MEMBERS: dict = {}
+_PARTS: dict = {}
 
 
 def _key(tree):
@@ -337,6 +342,7 @@ class _Member:
         self.residual, self.names, self.shared = residual, tuple(names), shared
         self.options = dict(defaults, **solve_kwargs)
         self._configure = _configure
+        self.shapes: dict = {}      # the carry's shapes per working set (`_queue`)
 
     def configure(self, xs):
         from ._solve import _core_inputs
@@ -407,8 +413,13 @@ def _queue(member: _Member, dyn, total: int, slots: int, segment: int, device, o
         jax.tree_util.tree_map(lambda x: np.asarray(x)[rows], dyn), device)
     queue = list(order)
     xs = take(np.asarray(queue[:1] * slots))
-    # A placeholder carry for the first segment, whose slots are all refilled.
-    shapes = eqx.filter_eval_shape(jax.vmap(member.begin), xs)
+    # A placeholder carry for the first segment, whose slots are all refilled (its
+    # shapes traced once per problem and working-set size: tracing `begin` costs more
+    # than a segment of a small problem).
+    shape_key = tuple((np.shape(x), x.dtype.str) for x in jax.tree_util.tree_leaves(xs))
+    shapes = member.shapes.get(shape_key)
+    if shapes is None:
+        shapes = member.shapes[shape_key] = eqx.filter_eval_shape(jax.vmap(member.begin), xs)
     carry, start = jax.tree_util.tree_map(
         lambda s: jnp.zeros(s.shape, s.dtype) if isinstance(s, jax.ShapeDtypeStruct) else s,
         shapes)
