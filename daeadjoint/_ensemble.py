@@ -25,6 +25,11 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from ._solution import Solution
 
 _AXIS = "ensemble"
+# `solve_ensemble`'s default working set on the CPU: 64 slots advanced 64 steps a segment
+# (benchmarks/ensembles.py: 256 Robertson members as fast as one vmap of all, and a batch
+# whose step counts differ 8x at 1.25x the homogeneous batch's cost per step).
+QUEUE_SLOTS = 64
+QUEUE_SEGMENT = 64
 
 
 def _batch_size(xs) -> int:
@@ -222,7 +227,7 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
                    batch: Sequence[str] = ("y0", "args"), chunk_size: int | None = None,
                    memory_limit: int | None = None, devices: Sequence[Any] | None = None,
                    cost: Any = None, progress: bool | Callable[[int, int], Any] = False,
-                   queue: bool | None = None, segment: int = 64,
+                   queue: bool | None = None, segment: int = QUEUE_SEGMENT,
                    **solve_kwargs: Any) -> Solution:
     r"""`solve` for every member of a batch of initial values and/or parameters, with
     per-member statuses (`ensemble` of `solve`, `throw=False` by default).
@@ -235,7 +240,22 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
     - `batch`: which of `"t0"`, `"t1"`, `"y0"`, `"yp0"`, `"args"` are batched
       (default `("y0", "args")`; a `y0` of shape (n,) or `args=None` is then shared by
       all members). The others are shared.
-    - `chunk_size`, `memory_limit`, `devices`, `cost`, `progress`: as for `ensemble`.
+    - `queue`: run the members through a refilled working set (default None: on one
+      CPU device when the batch is larger than the working set, without
+      `memory_limit`). `chunk_size` slots (default 64) are advanced `segment` accepted
+      steps at a time by one compiled program; between segments the members that are
+      done (successful or failed) are collected and their slots given to the next
+      members. A vmapped loop runs until its slowest member is done, so a chunk costs
+      its size times its slowest member's steps; the queue costs about the members'
+      own steps, plus up to a segment per member spent waiting. Each member takes the
+      steps of its own solve (the integration resumes exactly between segments). With
+      `cost=` the queue runs the most expensive members first (so that the last
+      members to start are short ones). One device; not with `throw=True` or delays.
+      False: chunks as in `ensemble`.
+    - `segment`: accepted steps per member between refills (default 64).
+    - `chunk_size`, `memory_limit`, `devices`, `cost`, `progress`: as for `ensemble`
+      (with the queue, `chunk_size` is the number of slots, and progress is reported
+      after each segment in which members finished).
     - `**solve_kwargs`: every other option of `solve` (`saveat`, `rtol`, `atol`,
       `algebraic`, `sensitivity`, ...), shared by all members. `throw` defaults to False:
       a failed member keeps its status in `result` and its partial solution (`inf` where
@@ -275,17 +295,43 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
         if len(_MEMBERS) > 32:
             _MEMBERS.pop(next(iter(_MEMBERS)))
     batched = [values[b] for b in names]
+    dyn, static = eqx.partition(batched, eqx.is_array)
+    total = _batch_size(dyn)
+    devices = list(jax.local_devices() if devices is None else devices)
+    slots = chunk_size or QUEUE_SLOTS
+    if queue is None:
+        # Measured on the CPU only (benchmarks/ensembles.py); elsewhere the chunks stay
+        # the default until measured. A batch that fits the working set gains nothing.
+        queue = (len(devices) == 1 and devices[0].platform == "cpu" and total > slots
+                 and memory_limit is None)
+    if queue and (len(devices) != 1 or solve_kwargs.get("throw")
+                  or solve_kwargs.get("delays") is not None
+                  or solve_kwargs.get("history") is not None):
+        raise ValueError("daeadjoint.solve_ensemble: queue=True runs on one device, with "
+                         "throw=False and without delays; use queue=False (chunks).")
     if queue:
+        if not isinstance(slots, (int, np.integer)) or slots < 1:
+            raise ValueError(f"daeadjoint.solve_ensemble: chunk_size must be a positive "
+                             f"integer, got {chunk_size!r}.")
+        if not isinstance(segment, (int, np.integer)) or segment < 1:
+            raise ValueError(f"daeadjoint.solve_ensemble: segment must be a positive "
+                             f"integer, got {segment!r}.")
+        if memory_limit is not None:
+            function, leading, place = _compiled(member, static, devices)
+            slots = min(slots, _members_in(memory_limit, function, leading, place, dyn, 1))
         parts = _Member(residual, names, shared, solve_kwargs)
         if key is not None:    # a repeated call reuses the compiled queue programs
             parts = _PARTS.setdefault(key, parts)
             if len(_PARTS) > 32:
                 _PARTS.pop(next(iter(_PARTS)))
-        dyn, _ = eqx.partition(batched, eqx.is_array)
-        total = _batch_size(dyn)
-        order = np.arange(total) if cost is None else np.argsort(-np.asarray(cost), kind="stable")
-        dev = (jax.local_devices() if devices is None else list(devices))[0]
-        return _queue(parts, dyn, total, chunk_size or total, segment, dev, order,
+        order = np.arange(total)
+        if cost is not None:    # longest first: the last members to start are short
+            cost = np.asarray(cost)
+            if cost.shape != (total,):
+                raise ValueError(f"daeadjoint.solve_ensemble: `cost` must have one entry per "
+                                 f"member ({total},), got shape {cost.shape}.")
+            order = np.argsort(-cost, kind="stable")
+        return _queue(parts, dyn, total, int(slots), int(segment), devices[0], order,
                       _reporter(progress))
     return ensemble(member, *batched, chunk_size=chunk_size,
                     memory_limit=memory_limit, devices=devices, cost=cost, progress=progress)
