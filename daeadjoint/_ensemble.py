@@ -25,9 +25,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from ._solution import Solution
 
 _AXIS = "ensemble"
-# `solve_ensemble`'s default working set on the CPU: 64 slots advanced 64 steps a segment
-# (benchmarks/ensembles.py: 256 Robertson members as fast as one vmap of all, and a batch
-# whose step counts differ 8x at 1.25x the homogeneous batch's cost per step).
+# `solve_ensemble(queue=True)`'s default working set: 64 slots advanced 64 accepted steps
+# a segment (benchmarks/ensembles.py, 256 Robertson members on the CPU).
 QUEUE_SLOTS = 64
 QUEUE_SEGMENT = 64
 
@@ -240,9 +239,8 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
     - `batch`: which of `"t0"`, `"t1"`, `"y0"`, `"yp0"`, `"args"` are batched
       (default `("y0", "args")`; a `y0` of shape (n,) or `args=None` is then shared by
       all members). The others are shared.
-    - `queue`: run the members through a refilled working set (default None: on one
-      CPU device when the batch is larger than the working set, without
-      `memory_limit`). `chunk_size` slots (default 64) are advanced `segment` accepted
+    - `queue`: run the members through a refilled working set (default None: off, the
+      chunks; see docs/ensembles.md for when it pays). `chunk_size` slots (default 64) are advanced `segment` accepted
       steps at a time by one compiled program; between segments the members that are
       done (successful or failed) are collected and their slots given to the next
       members. A vmapped loop runs until its slowest member is done, so a chunk costs
@@ -300,10 +298,10 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
     devices = list(jax.local_devices() if devices is None else devices)
     slots = chunk_size or QUEUE_SLOTS
     if queue is None:
-        # Measured on the CPU only (benchmarks/ensembles.py); elsewhere the chunks stay
-        # the default until measured. A batch that fits the working set gains nothing.
-        queue = (len(devices) == 1 and devices[0].platform == "cpu" and total > slots
-                 and memory_limit is None)
+        # Not the default: on the CPU (benchmarks/ensembles.py) the segments' overhead
+        # costs a homogeneous batch 35-80 % more than its chunks and a heterogeneous one
+        # about what the chunks' lock-step wastes (docs/ensembles.md).
+        queue = False
     if queue and (len(devices) != 1 or solve_kwargs.get("throw")
                   or solve_kwargs.get("delays") is not None
                   or solve_kwargs.get("history") is not None):
