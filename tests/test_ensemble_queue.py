@@ -19,7 +19,7 @@ import pytest
 
 import daeadjoint as dae
 
-from .test_ensemble import B, BAD, K, KW, Y0_BAD, _close, robertson
+from .test_ensemble import B, BAD, K, KW, Y0, Y0_BAD, _close, robertson
 
 LONG = 4                               # integrated to 1e5: runs out of steps
 T1 = np.ones(B)
@@ -70,3 +70,12 @@ def test_queue_order_by_cost_keeps_the_batch_order(queued, references):
     _check(sol, references)
     assert seen[-1] == (B, B) and all(t == B for _, t in seen)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+def test_queue_bad_input_is_named():
+    with pytest.raises(ValueError, match="throw=False and without delays"):
+        dae.solve_ensemble(robertson, 0.0, 1.0, Y0, args=K, queue=True, throw=True, **KW)
+    with pytest.raises(ValueError, match="segment must be a positive integer"):
+        dae.solve_ensemble(robertson, 0.0, 1.0, Y0, args=K, queue=True, segment=0, **KW)
+    with pytest.raises(ValueError, match="one entry per member"):
+        dae.solve_ensemble(robertson, 0.0, 1.0, Y0, args=K, queue=True, cost=np.ones(2), **KW)
