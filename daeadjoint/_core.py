@@ -372,6 +372,8 @@ def end(config: Config, inputs: Inputs, carry, start: Start, record: bool = Fals
     state = eqx.tree_at(lambda z: z.result, state, _explain_failure(config, inputs, y0, yp0, state))
     stats = {name: v for name, v in state.stats.items()
              if name != "num_sensitivity_residual_evals"}
+    if events is not None and config.index2:
+        events = _index2_event_slopes(config, inputs, events, y0, yp0)
     ev_t, ev_yd, ev_mask = _event_outputs(config, events, y0)
     core = Core(yd=outputs.yd, qs=outputs.qs, stats=stats, result=state.result, t_final=state.t,
                 init_info=worst, event_t=ev_t, event_yd=ev_yd, event_mask=ev_mask, dense=dense)
@@ -444,6 +446,25 @@ def _event_state(config: Config, inputs: Inputs, y0, yp0, k: int):
     if config.event is None:
         return None
     return EventState.create(config.event, inputs.t0, y0, yp0, inputs.args, config.order, k)
+
+
+def _index2_event_slopes(config: Config, inputs: Inputs, events, y0, yp0):
+    """The recorded roots' y' with consistent slopes of the index-2 variables
+    (`_index2.index2_slopes`): the interpolant's are not error-controlled, and they enter
+    the derivatives of event states (`event_tangents`, `event_cotangents`)."""
+    from ._index2 import index2_slopes
+
+    def one(t_r, yd_r):
+        found = jnp.isfinite(t_r)
+        # A root not found: evaluated at the consistent start instead (a regular
+        # point, so no NaN reaches the derivatives through the discarded branch).
+        t_s = jnp.where(found, t_r, inputs.t0)
+        y_s, yp_s = jnp.where(found, yd_r[0], y0), jnp.where(found, yd_r[1], yp0)
+        yp = index2_slopes(config.residual, config.index2, inputs.algebraic, t_s, y_s, yp_s,
+                           inputs.args)
+        return yd_r.at[1].set(jnp.where(found, yp, yd_r[1]))
+
+    return eqx.tree_at(lambda e: e.yd, events, jax.vmap(one)(events.t, events.yd))
 
 
 def _event_outputs(config: Config, events, y0):

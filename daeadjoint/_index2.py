@@ -261,6 +261,32 @@ def hidden_residual(residual, rows: tuple):
     return R
 
 
+def index2_slopes(residual, rows: tuple, algebraic, t, y, yp, args):
+    """y' at (t, y, y') with the index-2 variables' slopes replaced by the consistent ones.
+
+    The BDF interpolant's slope of an index-2 variable is not error-controlled (the
+    variable is out of the error test) and is an order less accurate than the variable
+    itself; at an event it multiplies the event time's derivative (dy(t*)/dp = s(t*) +
+    y'(t*) dt*/dp), so its error goes straight into the event state's derivative.
+    Along the solution R(t, y, y') = 0 holds for the hidden-constraint form R
+    (`hidden_residual`), so with the unknowns u = (x' on differential, z on algebraic
+    components) its time derivative gives R_u u̇ = −(R_t + R_x x'): the algebraic rows of
+    u̇ are the consistent z' (R_u is the consistency matrix of `project`, nonsingular for
+    Hessenberg index 2). Dense (n × n): called once per recorded event root."""
+    alg = jnp.asarray(algebraic, bool)
+    R = hidden_residual(residual, rows)
+
+    def of_u(u):
+        return R(t, jnp.where(alg, u, y), jnp.where(alg, yp, u), args)
+
+    matrix = jax.jacfwd(of_u)(jnp.where(alg, y, yp))
+    _, drift = jax.jvp(lambda t_, y_: R(t_, y_, yp, args), (t, y),
+                       (jnp.ones_like(t), jnp.where(alg, 0.0, yp)))
+    u_dot = jnp.linalg.solve(matrix, -drift)
+    index2 = jnp.zeros(y.shape, bool).at[jnp.asarray(rows)].set(True)
+    return jnp.where(index2, u_dot, yp)
+
+
 def onto_linearized_constraints(f_lin, rows: tuple, s, args_dot, y0, algebraic, rtol, atol):
     """The differential parts `s` (k, n) of k initial sensitivities moved onto the
     linearized index-2 constraints g_x s + g_p ṗ = 0 — the least change in the error

@@ -286,9 +286,10 @@ def _configure(residual, t0, t1, y0, yp0, args, *, saveat, algebraic, index2, in
     if not check_algebraic and not auto_split:
         algebraic = _structural_algebraic(residual, t0, y0, yp0, args, algebraic)
     if sensitivity is None:
-        # With `index2` reverse mode is the discrete adjoint: the continuous adjoint's
-        # index-2 final conditions (Li & Petzold, DASPKADJOINT §4.2) are not implemented.
-        sensitivity = (Adjoint() if saveat.shape[0] <= MANY_OBSERVATIONS and index2_mask is None
+        # The same rule with `index2` (docs/index2.md, "Derivatives": on Fekete, n = 160,
+        # the continuous adjoint's gradient runs ~20x faster than the discrete one, with
+        # the same accuracy).
+        sensitivity = (Adjoint() if saveat.shape[0] <= MANY_OBSERVATIONS
                        else DiscreteAdjoint())
     _check_sensitivity(sensitivity)
     if forward_sensitivity is None:
@@ -425,10 +426,11 @@ def solve(
       onto the constraints, then y' of the differential variables and the algebraic
       variables from the other equations and the hidden constraints (up to 1000
       unknowns); `init="y"` is refused. First derivatives: forward sensitivities
-      (`jvp`, `jacfwd`) and the discrete adjoint (`grad`, `jacrev`; the default
-      `sensitivity` with `index2`), from initial sensitivities made consistent as
-      `init="ya_ydp"` makes the state; `sensitivity=Adjoint()` and second derivatives
-      raise an error, and `breakpoints` are refused. Default None: index ≤ 1.
+      (`jvp`, `jacfwd`), the continuous adjoint with its index-2 final conditions and
+      the discrete adjoint (`grad`, `jacrev`; `sensitivity` as below), from initial
+      sensitivities made consistent as `init="ya_ydp"` makes the state; second
+      derivatives raise an error, and `breakpoints` are refused. Default None:
+      index ≤ 1.
     - `init`: None (take y0, yp0 as consistent), `"ya_ydp"` (compute the algebraic part of
       y0 and the differential part of y'0 from the differential part of y0), or `"y"`
       (compute all of y0 from y'0).
@@ -447,8 +449,7 @@ def solve(
       `DiscreteAdjoint()` (the adjoint of the recorded steps, like diffrax's
       `RecursiveCheckpointAdjoint`).
       None (default) chooses: `Adjoint()` for up to 32 output times, `DiscreteAdjoint()`
-      for more (its cost does not grow with the number of observations) and always
-      with `index2` (the continuous adjoint refuses index-2 solves).
+      for more (its cost does not grow with the number of observations).
     - `forward_sensitivity`: options of forward mode, `ForwardSensitivity()` by default
       (staggered corrector, full error control).
     - `throw`: raise on failure (`equinox.EquinoxRuntimeError`: from `solve` itself

@@ -25,8 +25,11 @@ Accuracy measures, as the Test Set's drivers compute them at t1:
 
 A zero error counts as 1e-16 (16 digits), as in the Test Set.
 
-The index-2 problems (water tube, Fekete, slider crank) are given only as definitions and
-reference solutions: the solver integrates index ≤ 1.
+The index-2 problems (`INDEX2_PROBLEMS`: water tube, Fekete, slider crank) declare their
+index-2 variables and constraints in `index2` and are solved with `solve(index2=...)`
+(tests/test_index2.py). The slider crank is given twice: in the Test Set's form (n = 24,
+with the accelerations as variables) and with the accelerations eliminated (n = 17,
+`crank_reduced`); see there why.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["Problem", "scd", "mescd", "pulse", "transistor", "transistor_semi_explicit",
-           "nand", "akzo", "twobit", "PROBLEMS"]
+           "nand", "akzo", "twobit", "PROBLEMS", "tube", "fekete", "crank", "crank_reduced",
+           "INDEX2_PROBLEMS"]
 
 
 # ------------------------------------------------------------------------ accuracy
@@ -1281,4 +1285,184 @@ fekete = Problem(
     t1=1000.0, yref=FEKETE_YREF, index=2, scored=np.arange(60),
     algebraic=np.array([False] * 120 + [True] * 40), index2=np.array([False] * 120 + [True] * 40))
 
-INDEX2_PROBLEMS = {pr.name: pr for pr in (tube, fekete)}
+
+# Slider crank (Simeon, "Modelling a flexible slider crank mechanism by a mixed system of
+# DAEs and PDEs"): index-2 DAE, n = 24, t ∈ [0, 0.1] s. A rigid crank (angle φ1, driven
+# at the constant speed ω by the constraint φ1 = ωt, written on the velocity level)
+# turns an elastic connecting rod (angle φ2) whose end slides on a horizontal guide (the
+# sliding block at x3). The rod's deformation has four coefficients q: two lateral modes
+# (sine shapes) and two longitudinal nodes of a quadratic element. y = (φ1, φ2, x3, q1..q4
+# (7 positions), their velocities (7), accelerations w (7), multipliers λ (3)). The
+# positions and velocities are index 1, w and λ index 2 (the Test Set's nind = (14, 10,
+# 0)); the Test Set scores the positions only.
+CRANK_P = dict(m1=0.36, m2=0.151104, m3=0.075552, l1=0.15, l2=0.30, j1=0.002727,
+               j2=0.0045339259, ee=0.20e12, nue=0.30, bb=0.0080, hh=0.0080, rho=7870.0,
+               grav=0.0, omega=150.0)
+# The Test Set's element matrices use π rounded to 8 digits; we keep its value so that
+# our residual is the one its reference solution was computed for: with it the
+# reference satisfies the equations of motion to 1e-15 of their terms, with π to only
+# 4e-8 (the coefficients differ by up to 6e-8).
+_CRANK_PI = 3.1415927
+
+# The Test Set's reference y(0.1) (MEBDFI at rtol = atol = 1e-14), for the default
+# model: linear stiffness, no damping.
+CRANK_YREF = np.array("""
+    0.1500000000000104e+002 -0.3311734988256260e+000 0.1697373328427860e+000
+    0.1893192899613509e-003 0.2375751249879174e-004 -0.5323896770569702e-005
+    -0.8363313279112129e-005 0.1500000000000000e+003 0.6025346755138369e+002
+    -0.8753116326670527e+001 -0.3005541400289738e-001 -0.5500431812571696e-002
+    0.4974111734266989e-003 0.1105560003626645e-002 0.0 0.6488737541276957e+004
+    0.2167938629509884e+004 0.3391137060286523e+002 0.1715134772216488e+000
+    -0.1422449408912512e+001 0.1003946428124810e+001 -0.6232935833287916e+002
+    -0.1637920993367306e+003 0.2529857947066878e+002
+""".split(), float)
+
+
+def _crank_fe(p):
+    """The rod's finite-element data: mass M_q, stiffness K_q, the antisymmetric
+    Coriolis coupling B_q, and the coupling vectors c1, c2, c12, c21 (4 coefficients)."""
+    pi = _CRANK_PI
+    fm = p["rho"] * p["bb"] * p["hh"] * p["l2"]
+    fk = p["ee"] * p["bb"] * p["hh"] / p["l2"]
+    fb = p["bb"] * p["hh"] * p["l2"]
+    z = 0.0 * fm
+    mq = jnp.array([[fm * 0.5, z, z, z], [z, fm * 0.5, z, z], [z, z, fm * 8.0, fm],
+                    [z, z, fm, fm * 2.0]])
+    bend = (p["hh"] / p["l2"]) ** 2
+    kq = jnp.array([[fk * pi ** 4 / 24.0 * bend, z, z, z],
+                    [z, fk * pi ** 4 * 2.0 / 3.0 * bend, z, z],
+                    [z, z, fk * 16.0 / 3.0, -fk * 8.0 / 3.0],
+                    [z, z, -fk * 8.0 / 3.0, fk * 7.0 / 3.0]])
+    b13, b14, b24 = -fb * 16.0 / pi ** 3, fb * (8.0 / pi ** 3 - 1.0 / pi), fb * 0.5 / pi
+    bq = jnp.array([[z, z, b13, b14], [z, z, z, b24], [-b13, z, z, z], [-b14, -b24, z, z]])
+    c1 = jnp.array([z, z, fb * 2.0 / 3.0, fb / 6.0])
+    c2 = jnp.array([fb * 2.0 / pi, z, z, z])
+    c12 = p["l2"] * jnp.array([z, z, fb / 3.0, fb / 6.0])
+    c21 = p["l2"] * jnp.array([fb / pi, -fb * 0.5 / pi, z, z])
+    return mq, kq, bq, c1, c2, c12, c21
+
+
+def _crank_equations(t, y, w, lam, p):
+    """(M(φ, q) w − f(φ, q, v) + Gᵀλ, G v − (0, 0, ω)) for the positions and velocities
+    y[:14], accelerations w and multipliers λ: the equations of motion and the
+    velocity-level constraints (the guide's two and the crank's drive), G =
+    ∂(position constraints)/∂(positions)."""
+    rho, l1, l2 = p["rho"], p["l1"], p["l2"]
+    m2, grav = p["m2"], p["grav"]
+    mq, kq, bq, c1, c2, c12, c21 = _crank_fe(p)
+    phi1, phi2 = y[0], y[1]
+    q, v, qd = y[3:7], y[7:14], y[10:14]
+    v1, v2 = v[0], v[1]
+    c_1, s_1, c_2, s_2 = jnp.cos(phi1), jnp.sin(phi1), jnp.cos(phi2), jnp.sin(phi2)
+    c12_, s12_ = jnp.cos(phi1 - phi2), jnp.sin(phi1 - phi2)
+    c1q, c1qd, c2q, c2qd = c1 @ q, c1 @ qd, c2 @ q, c2 @ qd
+    mqq = mq @ q
+    bqqd = bq @ qd
+    # the mass matrix (symmetric): rigid block, rod-mode block M_q and their coupling
+    a12 = 0.5 * l1 * l2 * m2 * c12_ + rho * l1 * (s12_ * c2q + c12_ * c1q)
+    a22 = p["j2"] + q @ mqq + 2.0 * rho * (c12 @ q)
+    row1 = rho * l1 * (-s12_ * c1 + c12_ * c2)
+    row2 = rho * c21 + rho * (q @ bq)
+    zero = 0.0 * a12
+    top = jnp.stack([jnp.stack([p["j1"] + m2 * l1 ** 2, a12, zero]),
+                     jnp.stack([a12, a22, zero]),
+                     jnp.stack([zero, zero, p["m3"] + zero])])
+    coupling = jnp.stack([row1, row2, jnp.zeros(4, y.dtype)])
+    am = jnp.block([[top, coupling], [coupling.T, mq]])
+    # the constraint Jacobian: the rod's end (length l2 + q4 along the rod) on the
+    # guide y = 0 at x = x3, and the crank angle
+    gp = jnp.stack([
+        jnp.stack([l1 * c_1, (l2 + q[3]) * c_2, zero, zero, zero, zero, s_2]),
+        jnp.stack([l1 * s_1, (l2 + q[3]) * s_2, 1.0 + zero, zero, zero, zero, -c_2]),
+        jnp.stack([1.0 + zero, zero, zero, zero, zero, zero, zero])])
+    # forces: centrifugal and Coriolis terms of the rigid and elastic motion, gravity
+    f1 = (-0.5 * l1 * grav * (p["m1"] + 2.0 * m2) * c_1 - 0.5 * l1 * l2 * m2 * v2 ** 2 * s12_
+          + rho * l1 * v2 ** 2 * (-s12_ * c1q + c12_ * c2q)
+          - 2.0 * rho * l1 * v2 * (c12_ * c1qd + s12_ * c2qd))
+    f2 = (-0.5 * l2 * grav * m2 * c_2 + 0.5 * l1 * l2 * m2 * v1 ** 2 * s12_
+          + rho * l1 * v1 ** 2 * (s12_ * c1q - c12_ * c2q)
+          - 2.0 * rho * v2 * (c12 @ qd) - 2.0 * v2 * (qd @ mqq) - rho * (qd @ bqqd)
+          - rho * grav * (c_2 * c1q - s_2 * c2q))
+    fq = (v2 ** 2 * mqq
+          + rho * (v2 ** 2 * c12 + l1 * v1 ** 2 * (c12_ * c1 + s12_ * c2) + 2.0 * v2 * bqqd)
+          - rho * grav * (s_2 * c1 + c_2 * c2) - kq @ q)
+    f = jnp.concatenate([jnp.stack([f1, f2, zero]), fq])
+    motion = am @ w - f + gp.T @ lam
+    velocity = gp @ v - jnp.stack([zero, zero, p["omega"] + zero])
+    return motion, velocity
+
+
+def crank_residual(t, y, yp, p):
+    """Slider crank: (φ' − v, v' − w, M w − f + Gᵀλ, G v − (0, 0, ω)) for the positions
+    φ = (φ1, φ2, x3, q), velocities v, accelerations w and multipliers λ. The Test Set's
+    default model (linear stiffness of the rod, no damping), the one its reference
+    solution is for; its options of a nonlinear stiffness term and of damping are not
+    ported (no reference to check them against)."""
+    motion, velocity = _crank_equations(t, y, y[14:21], y[21:24], p)
+    return jnp.concatenate([yp[:7] - y[7:14], yp[7:14] - y[14:21], motion, velocity])
+
+
+def crank_initial(p):
+    """The Test Set's default start (its option ini = 1: the rod already deformed as in
+    the steady periodic motion), with y' = (v, w, 0). Given for the nominal parameters
+    (9 digits in the positions and velocities)."""
+    del p
+    y0 = jnp.array([0.0, 0.0, 0.450016933, 0.0, 0.0, 0.103339863e-4, 0.169327969e-4,
+                    0.150000000e3, -0.749957670e2, -0.268938672e-5, 0.444896105,
+                    0.463434311e-2, -0.178591076e-5, -0.268938672e-5,
+                    0.0, -1.344541576008661e-3, -5.062194923138079e3,
+                    -6.833142732779555e-5, 1.449382650173157e-8, -4.268463211410861,
+                    2.098334687947376e-1, -6.397251492537153e-8, 3.824589508329281e2,
+                    -4.376060460948886e-9])
+    return y0, jnp.concatenate([y0[7:21], jnp.zeros(10)])
+
+
+# `index2` marks λ only: our mask names the index-2 variables *and* the constraints at
+# their indices, and the equations at the accelerations' indices are the equations of
+# motion, not constraints (they depend on w and λ). With λ declared, w is an index-1
+# algebraic variable given λ, but it inherits λ's behaviour (w = M⁻¹(f − Gᵀλ)): its
+# local error estimate is one order lower in h, so a solve of this form also needs
+# `suppress_algebraic_error=True`, and w's column of the iteration matrix is not scaled
+# by cj (tests/test_index2.py: at small steps the pivot test then reports the matrix
+# singular). `crank_reduced` avoids both.
+crank = Problem(
+    name="crank", residual=crank_residual, p=CRANK_P, initial=crank_initial, t0=0.0,
+    t1=0.1, yref=CRANK_YREF, index=2, scored=np.arange(7),
+    algebraic=np.array([False] * 14 + [True] * 10),
+    index2=np.array([False] * 21 + [True] * 3))
+
+
+# The slider crank with the accelerations eliminated: the equations of motion written
+# as M(φ, q) v' = f − Gᵀλ, y = (φ, v, λ). A Hessenberg index-2 DAE in the form `index2`
+# declares (x = (φ, v), z = λ, g = G v − (0, 0, ω), g_x f_z = −G M⁻¹ Gᵀ nonsingular), with
+# the same solution; `to_testset` recovers w from (φ, v, λ) (at the nominal parameters),
+# so `yref`, `scd` and `mescd` are in the Test Set's 24 variables.
+def crank_reduced_residual(t, y, yp, p):
+    """The slider crank without the accelerations (n = 17): (φ' − v, M v' − f + Gᵀλ,
+    G v − (0, 0, ω)) in y = (φ, v, λ), the same solution as `crank_residual`'s."""
+    motion, velocity = _crank_equations(t, y, yp[7:14], y[14:17], p)
+    return jnp.concatenate([yp[:7] - y[7:14], motion, velocity])
+
+
+def crank_accelerations(y, p):
+    """w = M⁻¹ (f − Gᵀλ) of a state y = (φ, v, λ) of the reduced form: the
+    accelerations (the equations of motion are affine in w)."""
+    y = jnp.asarray(y, jnp.float64)
+    motion = lambda w: _crank_equations(0.0, y, w, y[14:17], p)[0]   # noqa: E731
+    zero = jnp.zeros(7, y.dtype)
+    return -jnp.linalg.solve(jax.jacfwd(motion)(zero), motion(zero))
+
+
+def crank_reduced_initial(p):
+    y0, yp0 = crank_initial(p)
+    return jnp.concatenate([y0[:14], y0[21:]]), jnp.concatenate([yp0[:14], jnp.zeros(3)])
+
+
+crank_reduced = Problem(
+    name="crank_reduced", residual=crank_reduced_residual, p=CRANK_P,
+    initial=crank_reduced_initial, t0=0.0, t1=0.1, yref=CRANK_YREF, index=2,
+    scored=np.arange(7), algebraic=np.array([False] * 14 + [True] * 3),
+    index2=np.array([False] * 14 + [True] * 3),
+    to_testset=lambda y: np.concatenate([y[:14], crank_accelerations(y, CRANK_P), y[14:]]))
+
+INDEX2_PROBLEMS = {pr.name: pr for pr in (tube, fekete, crank, crank_reduced)}

@@ -42,6 +42,11 @@ where a (d) masks algebraic (differential) components: M is the transpose of the
 consistency matrix C of `_consistency.py`, nonsingular exactly when the DAE is index 1
 with those algebraic variables.
 
+For a Hessenberg index-2 DAE (`index2`) M is singular and (A) is index 2 itself; the
+jumps, restarts and initial-value cotangents use the transposed hidden-constraint
+consistency matrix instead (Li & Petzold §4.2, §5.6; the section "Hessenberg index 2"
+below).
+
 Only the step sequence of the forward pass is reused; step sizes and orders are never
 differentiated (Eberhard & Bischof): what is differentiated is the continuous problem.
 """
@@ -146,8 +151,10 @@ ADJOINT_SINGULAR_MESSAGE = (
     "M = diag(d) F_y'ᵀ + diag(a) F_yᵀ (the transposed consistency matrix, a the algebraic "
     "directions) is singular, so the DAE is not index 1 in its algebraic variables — "
     "its algebraic block is rank-deficient (e.g. circuit nodes with no capacitance to "
-    "ground). sensitivity=DiscreteAdjoint() differentiates the computed solution "
-    "without it.")
+    "ground; or a Hessenberg index-2 DAE: declare its index-2 variables with `index2=`). "
+    "With `index2` the matrix is the one with the index-2 constraints replaced by their "
+    "time derivatives, singular where the DAE is not index 2. "
+    "sensitivity=DiscreteAdjoint() differentiates the computed solution without it.")
 
 
 def _warn_fallback(fell_back, ok, singular):
@@ -178,6 +185,17 @@ class AdjointSolver(AbstractLinearSolver):
     terms: "_Terms"                    # the forward problem's residual
     n: int = eqx.field(static=True)
     k: int = eqx.field(static=True, default=1)
+    # The forward problem's index-2 variables (bool mask), or None: a matrix-based inner
+    # solver then factors J D, D = cj on their columns (as the forward Newton does,
+    # `_newton.newton_solve`), and J⁻ᵀ r = (J D)⁻ᵀ (D r) — the adjoint's index-2
+    # constraints (the rows of those variables) scaled by cj, its index-2 variables (the
+    # multipliers of the constraints) by 1/cj: Li & Petzold, DASPKADJOINT §6. Without
+    # it J's pivots shrink like h.
+    index2: Array | None = None
+
+    def _scaled(self) -> bool:
+        from .._newton import _builds_from_residual
+        return self.index2 is not None and _builds_from_residual(self.inner)
 
     @property
     def stat_names(self) -> tuple:
@@ -193,7 +211,14 @@ class AdjointSolver(AbstractLinearSolver):
         y, yp = buf.evaluate(t)
         # The forward solver is set up with the forward residual and the args it was
         # configured for (a user Jacobian or preconditioner receives the user's args).
-        inner = self.inner.setup(self.terms.residual, t, y, yp, cj, self.terms.args(p))
+        if self._scaled():
+            # J D: the Jacobian of w ↦ F(t, D w, D w') at w = D⁻¹ y.
+            d = jnp.where(self.index2, cj, 1.0).astype(y.dtype)
+            res = self.terms.residual
+            inner = self.inner.setup(lambda t_, w_, wp_, a: res(t_, d * w_, d * wp_, a), t,
+                                     y / d, yp / d, cj, self.terms.args(p))
+        else:
+            inner = self.inner.setup(self.terms.residual, t, y, yp, cj, self.terms.args(p))
         return inner, (t, y, yp, cj, p)
 
     def solve(self, state, g, *, transpose=False, weights=None, operator=None):
@@ -201,19 +226,22 @@ class AdjointSolver(AbstractLinearSolver):
         n, k = self.n, self.k
         g = g.reshape(k, 2 * n)
         g1, g2 = g[:, :n], g[:, n:]
+        r = g1 - cj * g2
+        if self._scaled():
+            r = r * jnp.where(self.index2, cj, 1.0).astype(r.dtype)   # (J D)⁻ᵀ (D r)
         op = None
         if self.inner.needs_operator:
             _, op = jax.linearize(lambda v: self.residual(t, y + v, yp + cj * v, args),
                                   jnp.zeros_like(y))
         if weights is None:
-            lam, stats = jax.vmap(lambda r: self.inner.solve(
-                inner_state, r, transpose=True, operator=op))(g1 - cj * g2)
+            lam, stats = jax.vmap(lambda r_: self.inner.solve(
+                inner_state, r_, transpose=True, operator=op))(r)
         else:
             # The linear tolerance of an iterative inner solver is measured in the
             # weights of δλ (δμ = r₂ + F_y'ᵀδλ follows without a solve).
-            lam, stats = jax.vmap(lambda r, w_: self.inner.solve(
-                inner_state, r, transpose=True, weights=w_, operator=op))(
-                    g1 - cj * g2, weights.reshape(k, 2 * n)[:, n:])
+            lam, stats = jax.vmap(lambda r_, w_: self.inner.solve(
+                inner_state, r_, transpose=True, weights=w_, operator=op))(
+                    r, weights.reshape(k, 2 * n)[:, n:])
         _, fyp_vjp = jax.vjp(lambda v: self.residual(t, y, v, args), yp)
         fyp_lam = jax.vmap(lambda l_: fyp_vjp(l_)[0])(lam)
         stats = {name: jnp.sum(v, dtype=v.dtype) for name, v in stats.items()}
@@ -263,7 +291,7 @@ class _Terms(eqx.Module):
 
 
 def adjoint_problem(terms: _Terms, linear_solver, n, k, equations, buf, w, p, rtol, atol,
-                    quad_error_control, s_stop, dtype, t_r) -> Problem:
+                    quad_error_control, s_stop, dtype, t_r, index2=None) -> Problem:
     """(A) for k cotangent directions in Z = (μ_i, λ_i)_i (flattened, 2nk), s = t_r − t, as a
     Problem for the BDF integrator; its quadrature is the parameter gradient
     ∫ (wᵢᵀq_p − λᵢᵀF_p) dt of every direction (k·npar)."""
@@ -289,11 +317,13 @@ def adjoint_problem(terms: _Terms, linear_solver, n, k, equations, buf, w, p, rt
 
     npar = terms.npar
     # λ of algebraic equations follows the interpolated forward solution algebraically:
-    # left out of the error test (see the module docstring).
+    # left out of the error test (see the module docstring). With `index2` these include
+    # the multipliers of the index-2 constraints, the adjoint's index-2 variables, which
+    # Li & Petzold (DASPKADJOINT §5.5) leave out of the test too.
     one = jnp.concatenate([jnp.ones((n,), dtype), jnp.where(equations, 0.0, 1.0).astype(dtype)])
     return Problem(
         residual=residual, quadrature=quadrature if npar else None,
-        linear_solver=AdjointSolver(inner=linear_solver, terms=terms, n=n, k=k),
+        linear_solver=AdjointSolver(inner=linear_solver, terms=terms, n=n, k=k, index2=index2),
         args=(buf, w, p, t_r), rtol=rtol, atol=jnp.full((2 * n * k,), atol, dtype),
         error_mask=jnp.tile(one, k), quad_rtol=rtol, quad_atol=jnp.full((npar * k,), atol, dtype),
         quad_error_control=quad_error_control and npar > 0, tstop=s_stop,
@@ -337,6 +367,126 @@ def restart_values(terms: _Terms, linear_solver, split, t, mu, w, y, yp, p):
     lam_s, _ = _m_solve(terms, linear_solver, split, t, y, yp, p, split.diff_t(mu_s))
     flat = lambda u, v: jnp.concatenate([u, v], axis=1).reshape(-1)  # noqa: E731
     return flat(mu, lam), flat(mu_s, lam_s)
+
+
+# ------------------------------------- Hessenberg index 2 (Li & Petzold §4.2, §5.6)
+#
+# For x' = f(t, x, z, p), 0 = g(t, x, p) (`index2`; more generally F(t, y, y', p) = 0
+# whose index-2 constraint rows C depend on neither y' nor an algebraic variable, with
+# index-1 algebraic variables beside), (A) is itself Hessenberg index 2: μ_z = 0 makes
+# its z rows the constraint F_zᵀλ = g_z on μ_x (for x' = f: −f_zᵀμ_x = g_z), and the
+# multipliers λ_C of the constraints appear only through g_xᵀλ_C in dμ_x/dt — the
+# adjoint's index-2 variables. The transposed consistency matrix M of index 1 is
+# singular here (its λ_C columns are zero); every consistent value below comes instead
+# from the transpose of the *hidden* consistency matrix
+#
+#     C_h = ∂(F_R, dF_C/dt)/∂(y'_d, y_a) = [[F_{R,y'_d}, F_{R,y_a}], [g_x, 0]],
+#
+# the matrix of the forward problem's index-2 initialization (`_index2.hidden_residual`;
+# nonsingular exactly when g_x f_z is), through the configured linear solver.
+#
+# At an observation (ȳ, ȳ') the jump follows from the forward side: a consistent
+# sensitivity s is fixed by its differential part and ṗ, s = S(s_d, ṗ) (the hidden
+# system linearized: C_h u = −(R_y s_d + R_p ṗ), s = s_d + Π u, s' = (I − Π) u, R the
+# hidden residual), so ȳᵀs + ȳ'ᵀs' = vᵀs_d + πᵀṗ with ω = C_h⁻ᵀ(Πȳ + (I − Π)ȳ'),
+# v = (I − Π)(ȳ − R_yᵀω), π = −R_pᵀω (`index2_jump`). μ_d(t⁻) = μ_d(t⁺) + v is then made
+# consistent for (A) by adding g_xᵀκ (which changes μ_dᵀs_d by −κᵀg_p ṗ only, as
+# g_x s_d = −g_p ṗ), κ from C_hᵀ ν = Π g_y + (I − Π)(μ + g_y'), κ = −ν_C — the same
+# solve gives λ on the other rows (`index2_restart_values`). So the observation adds
+# π + g_pᵀκ to dL/dp: Li & Petzold's extra term for index-2 constraints that depend on
+# p (§5.6: λ_1^a ḣ_p and λ_2^a h_p are the parts of π and g_pᵀκ), without which the
+# gradient is wrong whenever g_p ≠ 0. A quadrature's weights enter the same way: its
+# final condition μ_d = g_xᵀκ ≠ 0 (their λ^d, eq. (18)) comes out of the same κ.
+#
+# λ_C itself follows from the hidden constraint of (A), d/dt (F_aᵀλ − g_a) = 0 — with
+# the row λ_R fixed by μ_d, a second solve C_hᵀ (λ'_R, −λ_C) = r of
+#
+#     r_d = (F_yᵀλ̂ − (dF_y'/dt)ᵀλ̂ − g_y + dg_y'/dt)_d,  r_a = (dg_y/dt − (dF_y/dt)ᵀλ̂)_a,
+#
+# λ̂ = (λ_R, 0), the total time derivatives along the interpolated forward solution by
+# one `jax.jvp` each (DASPKADJOINT's hand-written GRES_ADY). This is (22): only the
+# restart's starting values depend on it (λ_C is algebraic in (A), recomputed by every
+# corrector; μ_s = g_y − F_yᵀλ and λ'_R start the predictor), not the gradient.
+
+
+def _hidden_solve_t(terms, solver, split, rows, t, y, yp, p, rhs):
+    """(x, singular): C_hᵀ xᵢ = rhsᵢ (k, n) at (t, y, y')."""
+    from .._index2 import hidden_residual
+    return consistency_solve(solver, hidden_residual(terms.F, rows), t, y, yp, p, split,
+                             rhs, transpose=True)
+
+
+def index2_jump(terms, solver, split, rows, t, y, yp, mu, yb, ypb, p):
+    """μ_d(t⁻) before the consistency correction, μ_d(t⁺) + v, the parameter terms π and
+    whether C_h is singular, for an observation (ȳ, ȳ') at t (k rows; see above)."""
+    from .._index2 import hidden_residual
+    R = hidden_residual(terms.F, rows)
+    omega, singular = _hidden_solve_t(terms, solver, split, rows, t, y, yp, p,
+                                      split.alg_t(yb) + split.diff_t(ypb))
+    _, vjp = jax.vjp(lambda y_, p_: R(t, y_, yp, p_), y, p)
+    ry, rp = jax.vmap(vjp)(omega)
+    return split.diff_t(mu) + split.diff_t(yb - ry), -rp, singular
+
+
+def index2_restart_values(terms, solver, split, rows, t, mu, w, evaluate, p):
+    """Consistent (Z, Z_s) of (A) at t for a Hessenberg index-2 DAE (see above) from the
+    differential part of μ, the quadrature weights w and the forward solution
+    `evaluate(t) = (y, y')`; with the parameter term g_pᵀκ of the correction of μ_d and
+    whether C_h is singular. Rows: directions."""
+    y, yp = evaluate(t)
+    c = jnp.zeros(mu.shape[-1:], bool).at[jnp.asarray(rows)].set(True)
+    gy, gyp, _ = terms.source(t, y, yp, w, p)
+    nu, singular = _hidden_solve_t(terms, solver, split, rows, t, y, yp, p,
+                                   split.alg_t(gy) + split.diff_t(mu + gyp))
+    fy_c, _, fp_c = terms.f_transpose(t, y, yp, p, jnp.where(c, nu, 0.0))
+    mu = split.diff_t(mu - fy_c) - split.alg_t(gyp)        # μ_d + g_xᵀκ, κ = −ν_C
+    lam_hat = jnp.where(c, 0.0, nu)
+
+    def along(t_):
+        y_, yp_ = evaluate(t_)
+        fy, fyp, _ = terms.f_transpose(t_, y_, yp_, p, lam_hat)
+        gy_, gyp_, _ = terms.source(t_, y_, yp_, w, p)
+        return fy, fyp, gy_, gyp_
+
+    (fy, _, gy, _), (dfy, dfyp, dgy, dgyp) = jax.jvp(along, (t,), (jnp.ones_like(t),))
+    rhs = split.diff_t(fy - gy - dfyp + dgyp) + split.alg_t(dgy - dfy)
+    nu2, singular2 = _hidden_solve_t(terms, solver, split, rows, t, y, yp, p, rhs)
+    lam = lam_hat - jnp.where(c, nu2, 0.0)
+    fy_lam, _, _ = terms.f_transpose(t, y, yp, p, lam)
+    mu_s = gy - fy_lam
+    lam_s = -jnp.where(c, 0.0, nu2)      # d/ds = −d/dt; λ_C's rate only starts a predictor
+    flat = lambda u, v: jnp.concatenate([u, v], axis=1).reshape(-1)  # noqa: E731
+    return flat(mu, lam), flat(mu_s, lam_s), -fp_c, singular | singular2
+
+
+def index2_at_t0(config, inputs, split, y0, yp0, sbar, spbar, w, pbar, unravel, pd, p_events):
+    """The cotangents of the inputs at t0 for a Hessenberg index-2 DAE from those of the
+    consistent initial sensitivity (sbar on s(t0): μ_d(t0⁺) plus an observation at t0;
+    spbar on s'(t0)), through the transpose of the linear map (δt0, δy0, δp) ↦
+    (s(t0), s'(t0)) of `_consistency.initial_sensitivities` (δy0's differential part
+    moved onto the linearized constraints, the rest from the linearized index-reduced
+    system), by `jax.vjp` — as the discrete adjoint does (`_index2_initial_value_tangents`)."""
+    import dataclasses as dc
+
+    from .._consistency import initial_sensitivities
+    from .._core import Tangents
+    p_flat = ravel_pytree(pd)[0]
+
+    def sens(t0d, y0d, pdot):
+        tan = Tangents(t0=t0d[None], y0=y0d[None],
+                       args=jax.tree_util.tree_map(lambda x: x[None], unravel(pdot)))
+        s0, sp0, _, _, _ = initial_sensitivities(config, inputs, y0, yp0, tan, 1)
+        return s0[0], sp0[0]
+
+    zeros = (jnp.zeros_like(inputs.t0), jnp.zeros_like(y0), jnp.zeros_like(p_flat))
+    _, vjp0 = jax.vjp(sens, *zeros)
+    t0bar, ybar0, pb0 = jax.vmap(vjp0)((sbar, spbar))
+    # The shared tail adds −w·q(t0) to t̄0 (with a zero state cotangent its trajectory
+    # shift term vanishes: that one is in t0bar already).
+    out = reverse_tangents_at_t0(config, inputs, split, jnp.zeros_like(ybar0), y0, yp0, w,
+                                 pbar + pb0, unravel, pd, p_events, y0_bar=ybar0,
+                                 yp0_bar=jnp.zeros_like(ybar0))
+    return dc.replace(out, t0=out.t0 + t0bar)
 
 
 # ------------------------------------------------------------ the backward pass
@@ -389,13 +539,19 @@ class _Backward(eqx.Module):
     atol: jax.Array
     n: int = eqx.field(static=True)
     k: int = eqx.field(static=True)
+    # The index-2 constraints (= variables) of a Hessenberg index-2 DAE (`Config.index2`).
+    index2: tuple = eqx.field(static=True, default=())
+
+    def index2_mask(self):
+        return None if not self.index2 else jnp.zeros((self.n,), bool).at[
+            jnp.asarray(self.index2)].set(True)
 
     def problem(self, buf, w, t_r, t_stop, equations) -> Problem:
         """(A) in s = t_r − t, integrated from the restart time t_r down to t_stop;
         `equations`: the algebraic equations (`Split.algebraic_equations`)."""
         return adjoint_problem(self.terms, self.solver, self.n, self.k, equations, buf,
                                w, self.p, self.rtol, self.atol, self.adjoint.quad_error_control,
-                               t_r - t_stop, self.rtol.dtype, t_r)
+                               t_r - t_stop, self.rtol.dtype, t_r, self.index2_mask())
 
     def split(self, t, y, yp) -> Split:
         """The algebraic directions at (t, y, y') (`_consistency.Split`)."""
@@ -476,8 +632,15 @@ def observe(bw: _Backward, c: _Sweep) -> _Sweep:
         w = c.w + qb
         y, yp = c.buf.evaluate(t)
         split = bw.split(t, y, yp)
-        mu, p_jump, singular = jump(bw.terms, bw.solver, split, t, y, yp, mu, yb, ypb, bw.p)
-        Z, Zs = restart_values(bw.terms, bw.solver, split, t, mu, w, y, yp, bw.p)
+        if bw.index2:
+            mu, p_jump, singular = index2_jump(bw.terms, bw.solver, split, bw.index2, t, y, yp,
+                                               mu, yb, ypb, bw.p)
+            Z, Zs, p_fix, singular2 = index2_restart_values(
+                bw.terms, bw.solver, split, bw.index2, t, mu, w, c.buf.evaluate, bw.p)
+            p_jump, singular = p_jump + p_fix, singular | singular2
+        else:
+            mu, p_jump, singular = jump(bw.terms, bw.solver, split, t, y, yp, mu, yb, ypb, bw.p)
+            Z, Zs = restart_values(bw.terms, bw.solver, split, t, mu, w, y, yp, bw.p)
         t_next = bw.next_time(c.t_low, obs, t)
         equations = split.algebraic_equations
         prob = bw.problem(c.buf, w, t, t_next, equations)   # s = t_r − t restarts at 0
@@ -599,7 +762,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         algebraic=inputs.algebraic, auto_split=config.auto_split, ts=ts,
         breakpoints=inputs.breakpoints,
         ybar=yd_bar[:, :, 0], ypbar=yd_bar[:, :, 1],
-        qbar=qbar, n=n, k=k,
+        qbar=qbar, n=n, k=k, index2=config.index2,
         rtol=jnp.asarray(inputs.rtol if adjoint.rtol is None else adjoint.rtol, dtype),
         atol=jnp.asarray(jnp.max(inputs.atol) if adjoint.atol is None else adjoint.atol, dtype))
 
@@ -668,27 +831,39 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         c, _ = jax.lax.while_loop(outer_cond, outer_body, (carry0, None))
         return finish(c)
 
-    def pass_body(P):
-        """One pass over the segments: the continuous adjoint's, then (where it failed
-        on a successful forward run) the discrete adjoint's from the last segment."""
-        c, d, _, out, result, singular = P
-        c, d = jax.lax.while_loop(outer_cond, outer_body, (c, d))
-        out_c, result_c, singular_c = finish(c)
-        first = ~d.on
-        failed = first & (result_c == RESULTS.adjoint_failed) & succeeded(rec.result)
-        # The discrete pass starts from the last segment; every segment is replayed
-        # (`segment_steps`), so nothing else of the continuous pass's state matters.
-        c = c._replace(segment=jnp.where(failed, carry0.segment, c.segment), ok=c.ok | failed)
-        return (c, d._replace(on=d.on | failed), failed,
-                tree_where(first, out_c, out), RESULTS.where(first, result_c, result),
-                jnp.where(first, singular_c, singular))
+    def switch(carry):
+        """Where the continuous pass has just ended (failed, or done with segment 0):
+        did it fail on a successful forward run — then start the discrete pass from
+        the last segment (every segment is replayed, `segment_steps`, so nothing else
+        of the continuous pass's state matters) — and was M singular. Only the
+        singularity test of `at_t0` is needed for that; its cotangents are computed
+        once, after the loop (`finish`), where no discrete pass ran."""
+        c, d, singular_c = carry
+        ended = ~d.on & ~((c.segment >= 0) & c.ok)
 
+        def check():
+            singular = c.singular | (c.ok & singular_at_t0(bw, inputs, c))
+            return (~c.ok | singular) & succeeded(rec.result), singular
+
+        no = (jnp.zeros((), bool), singular_c)
+        failed, singular = jax.lax.cond(unvmap_any(ended),
+                                        lambda: tree_where(ended, check(), no), lambda: no)
+        c = c._replace(segment=jnp.where(failed, carry0.segment, c.segment), ok=c.ok | failed)
+        return c, d._replace(on=d.on | failed), singular
+
+    # One loop over the segments for both passes (the continuous adjoint's, then where it
+    # failed the discrete adjoint's), the switch at the end of a trip: a loop of passes
+    # around the segment loop, with `finish` inside it, made XLA's while-loop passes
+    # take several seconds more to compile the gradient (benchmarks/compile_profile.py).
     d0 = _Discrete(on=jnp.zeros((), bool), bars=zero_bars(sw, k, n), h1=jnp.ones((), dtype))
-    out0 = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype),
-                                  jax.eval_shape(lambda: finish(carry0)[0]))
-    c, d, _, out, result, singular = jax.lax.while_loop(
-        lambda P: P[2], pass_body,
-        (carry0, d0, jnp.ones((), bool), out0, RESULTS.successful, jnp.zeros((), bool)))
+    c, d, singular_c = jax.lax.while_loop(
+        lambda carry: outer_cond((carry[0], carry[1])),
+        lambda carry: switch(outer_body((carry[0], carry[1])) + (carry[2],)),
+        (carry0, d0, jnp.zeros((), bool)))
+    # The continuous pass's cotangents (its end state is c unless the discrete pass ran;
+    # a forward run that failed makes no trip, and its cotangents are NaN'd by the caller).
+    out, result, singular = finish(c)
+    singular = jnp.where(d.on, singular_c, singular)
 
     def discrete():
         """The discrete pass's cotangents: through the initial history to the inputs
@@ -705,6 +880,16 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
     return out, result, singular
 
 
+def singular_at_t0(bw: _Backward, inputs, c: _Sweep):
+    """Whether M is singular at t0 (the singularity `at_t0`'s jump reports)."""
+    t0 = inputs.t0
+    y_t0, yp_t0 = c.buf.evaluate(t0)
+    split = bw.split(t0, y_t0, yp_t0)
+    _, singular = _m_solve(bw.terms, bw.solver, split, t0, y_t0, yp_t0, bw.p,
+                           jnp.zeros((1, bw.n), y_t0.dtype))
+    return singular
+
+
 def at_t0(bw: _Backward, config, inputs, c: _Sweep, unravel, pd, p_events):
     """At t0: the observations there, then the initial-value cotangents (`init`
     semantics) and the one of t0; the parameter gradient with everything banked.
@@ -716,6 +901,10 @@ def at_t0(bw: _Backward, config, inputs, c: _Sweep, unravel, pd, p_events):
     _, yb, ypb, qb = bw.observed_at(c.obs, t0)
     y_t0, yp_t0 = c.buf.evaluate(t0)
     split = bw.split(t0, y_t0, yp_t0)
+    if bw.index2:
+        out = index2_at_t0(config, inputs, split, y_t0, yp_t0, split.diff_t(mu) + yb, ypb,
+                           c.w + qb, pbar, unravel, pd, p_events)
+        return out, jnp.zeros((), bool)
     mu, p_jump, singular = jump(bw.terms, bw.solver, split, t0, y_t0, yp_t0, mu, yb, ypb,
                                 bw.p)
     pbar = pbar + p_jump

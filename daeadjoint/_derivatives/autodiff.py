@@ -413,24 +413,10 @@ INDEX2_SECOND_ORDER_MESSAGE = (
     "daeadjoint: second-order derivatives (Hessians, jvp of grad, jacfwd of jacfwd, ...) "
     "of a solve with `index2=` are not supported (the augmented sensitivity DAE is not "
     "declared index 2). First-order derivatives work: jax.jvp/jax.jacfwd (forward "
-    "sensitivities) and jax.grad/jax.jacrev with sensitivity=DiscreteAdjoint().")
-
-INDEX2_ADJOINT_MESSAGE = (
-    "daeadjoint: reverse mode (grad, jacrev, vjp) of a solve with `index2=` needs "
-    "sensitivity=DiscreteAdjoint() (the default there): the continuous adjoint's index-2 "
-    "final conditions (Li & Petzold, DASPKADJOINT §4.2) are not implemented. Forward "
-    "mode (jax.jvp, jax.jacfwd) works with any `sensitivity`.")
-
-
-def _check_index2_reverse(config):
-    from .discrete_adjoint import DiscreteAdjoint
-    if config.index2 and not isinstance(config.reverse, DiscreteAdjoint):
-        raise ValueError(INDEX2_ADJOINT_MESSAGE)
-
+    "sensitivities) and jax.grad/jax.jacrev (sensitivity=DiscreteAdjoint() or Adjoint()).")
 
 def _tangent_transpose(inputs_all, cts_out):
     config, inputs, rec, t, ndir = inputs_all
-    _check_index2_reverse(config)
     wanted = _linear_fields(t)
     shapes = _tangent_abstract(config, inputs, rec, t, ndir)
     cts = tuple(jnp.zeros(sh.shape, sh.dtype) if c is None else c
@@ -455,7 +441,6 @@ tangent_p = create_vprim(
 
 def _cotangent_impl(config, inputs, rec, ct, wanted, ndir):
     """The reverse pass; a batch of cotangents (ndir) shares one backward integration."""
-    _check_index2_reverse(config)
     ctk = ct if ndir is not None else jax.tree_util.tree_map(lambda x: x[None], ct)
     out, result = config.reverse.backward(config, inputs, rec, ctk, wanted)
     out = _flag_failure(config, result, rec.result, out)
