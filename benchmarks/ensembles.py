@@ -2,7 +2,8 @@
 `daeadjoint.ensemble` (chunked, split over the local devices) and `vmap(grad)`, against a
 loop of compiled IDAS calls (casadi) and diffsol-jax's vmap where installed; and a
 heterogeneous batch (p1 over four decades) against a homogeneous one, and in chunks
-as given or sorted by cost (`ensemble(cost=...)`).
+as given or sorted by cost (`ensemble(cost=...)`), and through `solve_ensemble`'s queue
+(a refilled working set); a loop of pydiffsol calls.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/ensembles.py --quick           # 16 members
     OPENBLAS_NUM_THREADS=1 python benchmarks/ensembles.py -n 256 --host-devices 4
@@ -43,7 +44,6 @@ if ARGS.host_devices:
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the working-tree daeadjoint
 
-import functools  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -79,8 +79,6 @@ def main():
     prob = problems.robertson()
     solve = peers.daeadjoint_solve(prob)          # args -> (ys, num_steps)
     pb = prob.batch_args(n)
-    hetero = np.tile(prob.args, (n, 1))
-    hetero[:, 0] *= 10.0 ** np.linspace(-2.0, 2.0, n)
     print(f"backend {jax.default_backend()}, {jax.device_count()} device(s): "
           f"{jax.devices()[0].device_kind}; {n} members; jax {jax.__version__}")
     print(f"{'':<50} {'n':>6} {'wall s':>10} {'ms/member':>12} {'members/s':>12} "
@@ -91,7 +89,7 @@ def main():
     vm = jax.jit(jax.vmap(solve)).lower(pb).compile()
     compile_s = time.perf_counter() - t
     ys, steps = vm(pb)
-    wall = wall_vm = _median_wall(lambda: vm(pb), repeats)
+    wall = _median_wall(lambda: vm(pb), repeats)
     _row("daeadjoint jit(vmap)", n, wall, compile_s,
          f"steps {int(np.min(steps))}-{int(np.max(steps))}")
 
@@ -107,24 +105,25 @@ def main():
     _row(f"daeadjoint ensemble ({jax.local_device_count()} dev, chunk {chunk})", n, wall,
          max(first - wall, 0.0), f"max |diff| vs vmap {diff:.1e}")
 
-    # Heterogeneous batch: p1 over four decades, vs the homogeneous batch per step.
-    hs = jax.block_until_ready(vm(hetero))[1]
-    wall_h = _median_wall(lambda: vm(hetero), repeats)
-    steps_h, steps_u = np.asarray(hs), np.asarray(steps)
-    _row("daeadjoint jit(vmap), p1 over 4 decades", n, wall_h, None,
-         f"steps {steps_h.min()}-{steps_h.max()}")
-    per_step_h = wall_h / steps_h.sum()
-    per_step_u = wall_vm / steps_u.sum()
-    print(f"  heterogeneous / homogeneous cost per member-step: {per_step_h / per_step_u:.2f} "
-          f"(lock-step bound: max/mean steps {steps_h.max() / steps_h.mean():.2f})")
+    # solve_ensemble's queue on the same batch (64 slots refilled).
+    residual = peers.jax_residual(prob)
+    yp0s = np.stack([np.asarray(prob.yp0(a, peers.JAX)) for a in pb])
+    q = lambda: dae.solve_ensemble(  # noqa: E731
+        residual, prob.t0, prob.t1, jnp.asarray(prob.y0), yp0s, pb, batch=("yp0", "args"),
+        saveat=jnp.asarray(prob.ts), algebraic=prob.algebraic, rtol=prob.rtol,
+        atol=jnp.asarray(prob.atol), max_steps=peers.MAX_STEPS, queue=True).ys
+    t = time.perf_counter()
+    q()
+    first = time.perf_counter() - t
+    wall = _median_wall(q, repeats)
+    diff = float(np.max(np.abs(np.asarray(q()) - np.asarray(ys))))
+    _row("daeadjoint solve_ensemble (queue, 64 slots)", n, wall, max(first - wall, 0.0),
+         f"max |diff| vs vmap {diff:.1e}")
 
-    # The same heterogeneous batch in chunks of n/4, in the given order and sorted by
-    # cost (here each member's own step count, a perfect pilot).
-    q = max(n // 4, 1)
-    dae.ensemble(solve, hetero, chunk_size=q)       # compile
-    for label, cost in (("as given", None), ("sorted by steps", steps_h)):
-        run = functools.partial(dae.ensemble, solve, hetero, chunk_size=q, cost=cost)
-        _row(f"ensemble, chunks of {q}, p1/4 decades, {label}", n, _median_wall(run, repeats))
+    # Heterogeneous vs homogeneous batches through `solve_ensemble`, one chunk (all
+    # members in one lock-step vmap: the path before the queue) and the queue (64 slots
+    # refilled, segments of 64 steps), runs interleaved.
+    hetero_vs_homogeneous(prob, n, repeats)
 
     if not ARGS.no_grad:
         g = jax.grad(lambda a: jnp.sum(solve(a)[0][-1]))
@@ -134,7 +133,7 @@ def main():
         wall = _median_wall(lambda: vg(pb), repeats)
         _row("daeadjoint jit(vmap(grad))", n, wall, compile_s)
 
-    # Peers (CPU): a loop of compiled IDAS calls; diffsol-jax's vmap.
+    # Peers (CPU): a loop of compiled IDAS calls; diffsol-jax's vmap; a pydiffsol loop.
     try:
         casadi = peers.prepare_casadi(prob)
         casadi.run(pb[0])
@@ -151,6 +150,65 @@ def main():
             print(f"diffsol-jax: unavailable ({type(err).__name__}: {err})")
     else:
         print("diffsol-jax: CPU only (an XLA custom call), skipped on this backend")
+    try:
+        pds = peers.prepare_pydiffsol(prob)
+        pds.run(pb[0])
+        res = peers.batch_sequential(pds, pb)
+        _row(f"{pds.label} loop", n, res["total_s"], res["compile_or_setup_s"])
+    except Exception as err:  # noqa: BLE001
+        print(f"pydiffsol: unavailable ({type(err).__name__}: {err})")
+
+
+def hetero_vs_homogeneous(prob, n, repeats):
+    """Cost per member-step of a heterogeneous batch (p1 over four decades and the end
+    time over ten, t1 = 4 ... 4e10 shuffled: step counts differing ~8x; p1 alone moves
+    them by less than 1.6x) against a homogeneous one (p1 over one decade, t1 = 4e6),
+    each in one lock-step chunk and through the queue."""
+    residual = peers.jax_residual(prob)
+    rng = np.random.default_rng(0)
+    het = np.tile(prob.args, (n, 1))
+    het[:, 0] *= 10.0 ** np.linspace(-2.0, 2.0, n)
+    batches = {"homogeneous": (prob.batch_args(n), np.full(n, 4e6)),
+               "heterogeneous": (het, rng.permutation(4.0 * 10.0 ** np.linspace(0, 10, n)))}
+    yp0 = {k: np.stack([np.asarray(prob.yp0(a, peers.JAX)) for a in v[0]])
+           for k, v in batches.items()}
+    kw = dict(algebraic=prob.algebraic, rtol=prob.rtol, atol=jnp.asarray(prob.atol),
+              max_steps=peers.MAX_STEPS, batch=("t1", "yp0", "args"))
+    paths = {"one chunk (lock-step)": dict(queue=False), "queue, 64 slots": dict(queue=True)}
+
+    def run(name, path):
+        args, t1 = batches[name]
+        return dae.solve_ensemble(residual, prob.t0, t1, jnp.asarray(prob.y0), yp0[name],
+                                  args, **kw, **paths[path])
+
+    steps, walls, ys = {}, {}, {}
+    for name in batches:
+        for path in paths:
+            sol = run(name, path)                       # compile
+            steps[name] = np.asarray(sol.stats["num_steps"])
+            ys[name, path] = np.asarray(sol.ys)
+    for _ in range(repeats):                            # interleaved
+        for name in batches:
+            for path in paths:
+                t = time.perf_counter()
+                jax.block_until_ready(run(name, path).ys)
+                walls.setdefault((name, path), []).append(time.perf_counter() - t)
+    print(f"  heterogeneous vs homogeneous ({os.getloadavg()[0]:.1f} load): steps "
+          f"{steps['heterogeneous'].min()}-{steps['heterogeneous'].max()} "
+          f"(total {steps['heterogeneous'].sum()}) vs "
+          f"{steps['homogeneous'].min()}-{steps['homogeneous'].max()} "
+          f"(total {steps['homogeneous'].sum()})")
+    for path in paths:
+        per = {}
+        for name in batches:
+            wall = statistics.median(walls[name, path])
+            per[name] = wall / steps[name].sum()
+            _row(f"solve_ensemble {path}, {name}", n, wall)
+        diff = float(np.max(np.abs(ys["heterogeneous", path]
+                                   - ys["heterogeneous", "one chunk (lock-step)"])))
+        print(f"  {path}: heterogeneous / homogeneous cost per member-step "
+              f"{per['heterogeneous'] / per['homogeneous']:.2f}; max |diff| vs one chunk "
+              f"{diff:.1e}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ differentiated.
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -302,6 +302,25 @@ def run(config: Config, inputs: Inputs, record: bool = False,
     steps the sensitivities need too (as in IDAS), so its values differ from a run
     without them within the tolerances; the Core's statistics are the run's, less the
     sensitivity residual count (so that both runs give the same pytree)."""
+    problem, carry, start = begin(config, inputs, record, tangents, k, progress)
+    state, outputs, recorders, events = carry
+    carry = integrate(problem, state, outputs, inputs.t1, config.max_steps, recorders, events)
+    return end(config, inputs, carry, start, record, tangents, k)
+
+
+class Start(NamedTuple):
+    """What `end` needs of a run's start: the consistent initial values and the worst
+    initialization residual."""
+    y0: Any
+    yp0: Any
+    worst: Any
+
+
+def begin(config: Config, inputs: Inputs, record: bool = False,
+          tangents: "Tangents | None" = None, k: int = 0, progress: bool = True):
+    """`run` up to its integration: (problem, (state, outputs, recorders, events),
+    Start). The carry resumes: `integrate` with a step budget (`until`) may be called on
+    it again and again (`solve_ensemble`'s queue advances members a segment at a time)."""
     y0, yp0, init_ok, worst = consistent_values(config, inputs)
     n, dtype = y0.shape[0], y0.dtype
     t0, t1, saveat = inputs.t0, inputs.t1, inputs.saveat
@@ -334,8 +353,17 @@ def run(config: Config, inputs: Inputs, record: bool = False,
     events = _event_state(config, inputs, y0, yp0, k)
     if progress:
         problem = _with_progress(problem, config)
-    state, outputs, recorders, events = integrate(problem, state, outputs, t1,
-                                                  config.max_steps, recorders, events)
+    return problem, (state, outputs, recorders, events), Start(y0, yp0, worst)
+
+
+def end(config: Config, inputs: Inputs, carry, start: Start, record: bool = False,
+        tangents: "Tangents | None" = None, k: int = 0):
+    """`run` after its integration: (Core, Record or None, tangent outputs or None) of
+    the integration's final carry."""
+    state, outputs, recorders, events = carry
+    y0, yp0, worst = start
+    n, dtype = y0.shape[0], y0.dtype
+    delay = isinstance(inputs.args, DelayArgs)
     dense = None
     if delay:
         recorders = recorders[:-1]

@@ -25,6 +25,10 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from ._solution import Solution
 
 _AXIS = "ensemble"
+# `solve_ensemble(queue=True)`'s default working set: 64 slots advanced 64 accepted steps
+# a segment (benchmarks/ensembles.py, 256 Robertson members on the CPU).
+QUEUE_SLOTS = 64
+QUEUE_SEGMENT = 64
 
 
 def _batch_size(xs) -> int:
@@ -222,6 +226,7 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
                    batch: Sequence[str] = ("y0", "args"), chunk_size: int | None = None,
                    memory_limit: int | None = None, devices: Sequence[Any] | None = None,
                    cost: Any = None, progress: bool | Callable[[int, int], Any] = False,
+                   queue: bool | None = None, segment: int = QUEUE_SEGMENT,
                    **solve_kwargs: Any) -> Solution:
     r"""`solve` for every member of a batch of initial values and/or parameters, with
     per-member statuses (`ensemble` of `solve`, `throw=False` by default).
@@ -234,7 +239,21 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
     - `batch`: which of `"t0"`, `"t1"`, `"y0"`, `"yp0"`, `"args"` are batched
       (default `("y0", "args")`; a `y0` of shape (n,) or `args=None` is then shared by
       all members). The others are shared.
-    - `chunk_size`, `memory_limit`, `devices`, `cost`, `progress`: as for `ensemble`.
+    - `queue`: run the members through a refilled working set (default None: off, the
+      chunks; see docs/ensembles.md for when it pays). `chunk_size` slots (default 64) are advanced `segment` accepted
+      steps at a time by one compiled program; between segments the members that are
+      done (successful or failed) are collected and their slots given to the next
+      members. A vmapped loop runs until its slowest member is done, so a chunk costs
+      its size times its slowest member's steps; the queue costs about the members'
+      own steps, plus up to a segment per member spent waiting. Each member takes the
+      steps of its own solve (the integration resumes exactly between segments). With
+      `cost=` the queue runs the most expensive members first (so that the last
+      members to start are short ones). One device; not with `throw=True` or delays.
+      False: chunks as in `ensemble`.
+    - `segment`: accepted steps per member between refills (default 64).
+    - `chunk_size`, `memory_limit`, `devices`, `cost`, `progress`: as for `ensemble`
+      (with the queue, `chunk_size` is the number of slots, and progress is reported
+      after each segment in which members finished).
     - `**solve_kwargs`: every other option of `solve` (`saveat`, `rtol`, `atol`,
       `algebraic`, `sensitivity`, ...), shared by all members. `throw` defaults to False:
       a failed member keeps its status in `result` and its partial solution (`inf` where
@@ -273,11 +292,51 @@ def solve_ensemble(residual: Callable, t0, t1, y0, yp0=None, args: Any = None, *
         member = _MEMBERS.setdefault(key, member)
         if len(_MEMBERS) > 32:
             _MEMBERS.pop(next(iter(_MEMBERS)))
-    return ensemble(member, *[values[b] for b in names], chunk_size=chunk_size,
+    batched = [values[b] for b in names]
+    dyn, static = eqx.partition(batched, eqx.is_array)
+    total = _batch_size(dyn)
+    devices = list(jax.local_devices() if devices is None else devices)
+    slots = chunk_size or QUEUE_SLOTS
+    if queue is None:
+        # Not the default: on the CPU (benchmarks/ensembles.py) the segments' overhead
+        # costs a homogeneous batch 35-80 % more than its chunks and a heterogeneous one
+        # about what the chunks' lock-step wastes (docs/ensembles.md).
+        queue = False
+    if queue and (len(devices) != 1 or solve_kwargs.get("throw")
+                  or solve_kwargs.get("delays") is not None
+                  or solve_kwargs.get("history") is not None):
+        raise ValueError("daeadjoint.solve_ensemble: queue=True runs on one device, with "
+                         "throw=False and without delays; use queue=False (chunks).")
+    if queue:
+        if not isinstance(slots, (int, np.integer)) or slots < 1:
+            raise ValueError(f"daeadjoint.solve_ensemble: chunk_size must be a positive "
+                             f"integer, got {chunk_size!r}.")
+        if not isinstance(segment, (int, np.integer)) or segment < 1:
+            raise ValueError(f"daeadjoint.solve_ensemble: segment must be a positive "
+                             f"integer, got {segment!r}.")
+        if memory_limit is not None:
+            function, leading, place = _compiled(member, static, devices)
+            slots = min(slots, _members_in(memory_limit, function, leading, place, dyn, 1))
+        parts = _Member(residual, names, shared, solve_kwargs)
+        if key is not None:    # a repeated call reuses the compiled queue programs
+            parts = _PARTS.setdefault(key, parts)
+            if len(_PARTS) > 32:
+                _PARTS.pop(next(iter(_PARTS)))
+        order = np.arange(total)
+        if cost is not None:    # longest first: the last members to start are short
+            cost = np.asarray(cost)
+            if cost.shape != (total,):
+                raise ValueError(f"daeadjoint.solve_ensemble: `cost` must have one entry per "
+                                 f"member ({total},), got shape {cost.shape}.")
+            order = np.argsort(-cost, kind="stable")
+        return _queue(parts, dyn, total, int(slots), int(segment), devices[0], order,
+                      _reporter(progress))
+    return ensemble(member, *batched, chunk_size=chunk_size,
                     memory_limit=memory_limit, devices=devices, cost=cost, progress=progress)
 
 
 _MEMBERS: dict = {}
+_PARTS: dict = {}
 
 
 def _key(tree):
@@ -295,3 +354,148 @@ def _key(tree):
                 return None
             out.append(x)
     return treedef, tuple(out)
+
+
+# ------------------------------------------------------------------ refilled working set
+#
+# A vmapped `while_loop` runs until its slowest member is done, so a chunk costs its size
+# times its slowest member's steps. The queue keeps a working set of `slots` members on
+# the device and runs them a segment (at most `segment` accepted steps each) at a time
+# through one compiled program; between segments the host collects the members that are
+# done (success or failure) and gives their slots to the next members of the queue. A
+# batch then costs about its members' own steps (plus at most a segment per member
+# spent waiting), not its size times the slowest member's.
+#
+# The integration's carry resumes (`integrate(..., until=)`), so each member takes the
+# steps of its own uninterrupted solve.
+
+
+class _Member:
+    """One member's solve in pieces (configure → begin → integrate a segment → end),
+    each a function of the member's batched inputs `xs` (traced under `vmap`). Hashed by
+    identity: the static argument of the compiled queue programs, cached per problem
+    like `solve_ensemble`'s member function."""
+
+    def __init__(self, residual, names, shared, solve_kwargs):
+        import inspect
+
+        from ._solve import _configure, solve
+        params = inspect.signature(_configure).parameters
+        defaults = {k: p.default for k, p in inspect.signature(solve).parameters.items()
+                    if k in params and p.kind == p.KEYWORD_ONLY}
+        self.residual, self.names, self.shared = residual, tuple(names), shared
+        self.options = dict(defaults, **solve_kwargs)
+        self._configure = _configure
+        self.shapes: dict = {}      # the carry's shapes per working set (`_queue`)
+
+    def configure(self, xs):
+        from ._solve import _core_inputs
+        kw = dict(self.shared, **dict(zip(self.names, xs)))
+        config, inputs = self._configure(self.residual, kw["t0"], kw["t1"], kw["y0"],
+                                         kw["yp0"], kw["args"], **self.options)
+        return config, inputs, _core_inputs(inputs)
+
+    def begin(self, xs):
+        from ._core import begin
+        config, _, inputs = self.configure(xs)
+        _, carry, start = begin(config, inputs)
+        return carry, start
+
+    def advance(self, xs, carry, start, segment: int):
+        """(carry, start, done) after at most `segment` more accepted steps."""
+        from ._core import _with_progress, build_problem
+        from ._integrator import integrate
+        from ._results import RESULTS
+        config, _, inputs = self.configure(xs)
+        problem = _with_progress(build_problem(config, inputs), config)
+        state, outputs, recorders, events = carry
+        carry = integrate(problem, state, outputs, inputs.t1, config.max_steps, recorders,
+                          events, until=state.stats["num_steps"] + segment)
+        state = carry[0]
+        done = ~((state.t < inputs.t1) & (state.result == RESULTS.successful))
+        return carry, start, done
+
+    def end(self, xs, carry, start) -> Solution:
+        from ._core import end
+        from ._solve import _solution
+        config, inputs, core_inputs = self.configure(xs)
+        core, _, _ = end(config, core_inputs, carry, start)
+        return _solution(config, inputs, core)[0]
+
+
+def _rows(mask, new, old):
+    return jnp.where(mask.reshape(mask.shape + (1,) * (jnp.ndim(old) - 1)), new, old)
+
+
+@eqx.filter_jit
+def _queue_segment(member: _Member, xs, carry, start, new_xs, refill, segment: int):
+    """The working set after giving the `refill` slots the members `new_xs` (their
+    initialization) and advancing every slot by at most `segment` steps:
+    (xs, carry, start, done)."""
+    def refilled():
+        fresh = jax.vmap(member.begin)(new_xs)
+        return jax.tree_util.tree_map(ft.partial(_rows, refill), fresh, (carry, start))
+
+    # Unbatched predicate: the initialization runs only in segments that refill a slot.
+    carry, start = jax.lax.cond(jnp.any(refill), refilled, lambda: (carry, start))
+    xs = jax.tree_util.tree_map(ft.partial(_rows, refill), new_xs, xs)
+    carry, start, done = jax.vmap(ft.partial(member.advance, segment=segment))(xs, carry, start)
+    return xs, carry, start, done
+
+
+@eqx.filter_jit
+def _queue_end(member: _Member, xs, carry, start):
+    return jax.vmap(member.end)(xs, carry, start)
+
+
+def _queue(member: _Member, dyn, total: int, slots: int, segment: int, device, order,
+           report) -> Any:
+    """Every member's Solution through a refilled working set of `slots` members, in the
+    queue's `order` (indices into the batch); returned in the batch's order."""
+    slots = min(slots, total)
+    take = lambda rows: jax.device_put(  # noqa: E731
+        jax.tree_util.tree_map(lambda x: np.asarray(x)[rows], dyn), device)
+    queue = list(order)
+    xs = take(np.asarray(queue[:1] * slots))
+    # A placeholder carry for the first segment, whose slots are all refilled (its
+    # shapes traced once per problem and working-set size: tracing `begin` costs more
+    # than a segment of a small problem).
+    shape_key = tuple((np.shape(x), x.dtype.str) for x in jax.tree_util.tree_leaves(xs))
+    shapes = member.shapes.get(shape_key)
+    if shapes is None:
+        shapes = member.shapes[shape_key] = eqx.filter_eval_shape(jax.vmap(member.begin), xs)
+    carry, start = jax.tree_util.tree_map(
+        lambda s: jnp.zeros(s.shape, s.dtype) if isinstance(s, jax.ShapeDtypeStruct) else s,
+        shapes)
+    owner = np.full(slots, -1)             # the member in each slot, -1: none
+    results: list | None = None             # one array per output leaf, a row per member
+    out_static = treedef = None
+    done_count, nxt, t_start = 0, 0, time.perf_counter()
+    while True:
+        free = np.flatnonzero(owner < 0)[:total - nxt]
+        refill = np.zeros(slots, bool)
+        refill[free] = True
+        pick = np.zeros(slots, int)
+        pick[free] = queue[nxt:nxt + len(free)]
+        owner[free] = pick[free]
+        nxt += len(free)
+        if not (owner >= 0).any():
+            break
+        xs, carry, start, done = _queue_segment(member, xs, carry, start, take(pick),
+                                                jnp.asarray(refill), segment)
+        finished = np.flatnonzero(np.asarray(done) & (owner >= 0))
+        if finished.size:
+            out_dyn, out_static = eqx.partition(_queue_end(member, xs, carry, start),
+                                                eqx.is_array)
+            leaves, treedef = jax.tree_util.tree_flatten(out_dyn)
+            if results is None:
+                results = [np.empty((total,) + x.shape[1:], x.dtype) for x in leaves]
+            for r, x in zip(results, leaves):
+                r[owner[finished]] = np.asarray(x)[finished]
+            owner[finished] = -1
+            done_count += finished.size
+            if report is not None:
+                report(done_count, total, time.perf_counter() - t_start)
+    assert results is not None and treedef is not None
+    stacked = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(r) for r in results])
+    return eqx.combine(stacked, out_static)

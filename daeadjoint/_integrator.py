@@ -910,7 +910,7 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
 
 
 def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps: int,
-              recorders: tuple = (), events: EventState | None = None):
+              recorders: tuple = (), events: EventState | None = None, until=None):
     """Step from `state` until t_end is reached (or passed, unless tstop forbids it) or a
     terminal event stops it (status `RESULTS.event`), writing outputs on the way, locating
     events on each accepted step, and passing every accepted step to each recorder
@@ -926,11 +926,20 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     carried the output or checkpoint buffers made XLA's CPU runtime switch, once a
     buffer of its body passed ~512 bytes, from sequential to thread-pool execution of
     every step's operations, several times slower for small problems (a few dozen
-    output values, a recording forward run)."""
+    output values, a recording forward run).
+
+    `until` (optional): also stop, with no change of status, once the accepted steps
+    (`stats["num_steps"]`) reach it. The returned carry then resumes: calling `integrate`
+    on it again takes the same steps as one uninterrupted call (the step loop stops
+    between attempts, before the next output time is passed, so no output row is due
+    at the stop)."""
     n_save = outputs.ts.shape[0]
 
     def running(s):
-        return (s.t < t_end) & (s.result == RESULTS.successful)
+        go = (s.t < t_end) & (s.result == RESULTS.successful)
+        if until is not None:
+            go = go & (s.stats["num_steps"] < until)
+        return go
 
     def next_output(out):
         if n_save == 0:

@@ -125,11 +125,22 @@ def _solve_compiled(config: Config, inputs: Inputs):
     """The solve as one compiled program: (Solution, (reason, component) of a failed
     initialization). Raising on failure (`throw`) is left to `_raise_on_failure`, outside
     this cached program, so that an error names the call that failed."""
+    core = solve_core(config, _core_inputs(inputs))
+    return _solution(config, inputs, core)
+
+
+def _core_inputs(inputs: Inputs) -> Inputs:
+    """The inputs of the integration: output times within rounding outside [t0, t1] moved
+    onto t0 or t1, t1 and the output times not differentiated through (the solution's
+    derivatives with respect to them are added by `_shift_to_saveat`)."""
     sg = jax.lax.stop_gradient
-    core_inputs = dataclasses.replace(
+    return dataclasses.replace(
         inputs, t1=sg(inputs.t1),
         saveat=_snap_saveat(sg(inputs.saveat), sg(inputs.t0), sg(inputs.t1)))
-    core = solve_core(config, core_inputs)
+
+
+def _solution(config: Config, inputs: Inputs, core):
+    """(Solution, init_info) of a run's Core."""
     ys, yps, qs = _shift_to_saveat(core.yd, core.qs, inputs.saveat, inputs.args,
                                    config.quadrature)
     stats = dict(core.stats)
@@ -243,6 +254,86 @@ def _structural_algebraic(residual, t0, y0, yp0, args, default):
     except SparsityDetectionError:
         return default
     return jnp.asarray(mask) if mask.any() else default
+
+
+def _configure(residual, t0, t1, y0, yp0, args, *, saveat, algebraic, index2, init, quadrature,
+               rtol, atol, max_steps, sensitivity, forward_sensitivity, throw, tstop, breakpoints,
+               suppress_algebraic_error, quad_rtol, quad_atol, quad_error_control, linear_solver, constraints, max_step,
+               min_step, first_step, max_order, event, steps, dense, progress):
+    """`solve`'s inputs checked and completed (defaults, linear solver, lifted closures):
+    (Config, Inputs) of the compiled solve (`_core.run`). Also `solve_ensemble`'s queue
+    builds each member's solve from these."""
+    index2_mask = None
+    if index2 is not None:
+        index2_mask, algebraic = check_index2_mask(index2, algebraic, np.shape(y0)[0], init,
+                                                   yp0 is not None, breakpoints)
+    # Without a mask the algebraic directions are found from F_y' where needed.
+    auto_split = algebraic is None and np.shape(y0)[0] <= AUTO_SPLIT_MAX_N
+    check_algebraic = algebraic is not None
+    t0, t1, y0, yp0, saveat, algebraic, rtol, atol, tstop = _check_inputs(
+        residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quadrature, rtol, atol,
+        tstop, max_steps)
+    # Python floats in `args` become (weakly typed) arrays: traced, hence differentiable,
+    # and a new value reuses the compiled solve instead of recompiling it as a new static
+    # constant would (ints and non-numeric leaves stay static: they may set shapes).
+    args = jax.tree_util.tree_map(
+        lambda a: jnp.asarray(a) if isinstance(a, (float, complex)) else a, args)
+    if yp0 is None:
+        yp0 = jnp.zeros_like(y0)
+        if init is None:
+            init = "ya_ydp"
+    dtype = y0.dtype
+    if not check_algebraic and not auto_split:
+        algebraic = _structural_algebraic(residual, t0, y0, yp0, args, algebraic)
+    if sensitivity is None:
+        # The same rule with `index2` (docs/index2.md, "Derivatives": on Fekete, n = 160,
+        # the continuous adjoint's gradient runs ~20x faster than the discrete one, with
+        # the same accuracy).
+        sensitivity = (Adjoint() if saveat.shape[0] <= MANY_OBSERVATIONS
+                       else DiscreteAdjoint())
+    _check_sensitivity(sensitivity)
+    if forward_sensitivity is None:
+        forward_sensitivity = ForwardSensitivity()
+    if linear_solver is None:
+        linear_solver = default_linear_solver(residual, t0, y0, yp0, args)
+    _check_linear_solver(linear_solver)
+    linear_solver = linear_solver.prepare(residual, t0, y0, yp0, args)
+    nq = 0
+    if quadrature is not None:
+        y = jax.ShapeDtypeStruct(y0.shape, dtype)
+        nq = eqx.filter_eval_shape(quadrature, jax.ShapeDtypeStruct((), dtype), y, y, args).shape[0]
+    quad_rtol = rtol if quad_rtol is None else jnp.asarray(quad_rtol, dtype)
+    quad_atol = jnp.broadcast_to(jnp.max(atol) if quad_atol is None
+                                 else jnp.asarray(quad_atol, dtype), (nq,))
+    constraints, max_step, min_step, first_step = _check_step_options(
+        y0, constraints, max_step, min_step, first_step, max_order)
+    event = _check_event(event, residual, t0, y0, args)
+    # Tracers the functions close over (a parameter under grad/jacfwd/vmap) become
+    # leaves of args, differentiable and batchable like any other (`_closures.py`).
+    residual, quadrature, event, linear_solver, args = lift_closures(
+        residual, quadrature, event, linear_solver, y0, args)
+    if index2_mask is not None:
+        if init is not None:   # "ya_ydp" (or yp0=None): project onto the constraints
+            y0, yp0 = project(residual, t0, y0, yp0, args, index2_mask, algebraic, rtol, atol)
+            init = None
+        y0 = index2_check(residual, t0, t1, y0, yp0, args, index2_mask, algebraic, rtol, atol)
+    config = Config(
+        residual=residual, quadrature=quadrature, linear_solver=linear_solver,
+        reverse=sensitivity, forward=forward_sensitivity, init=init,
+        max_steps=int(max_steps), suppress_algebraic_error=bool(suppress_algebraic_error),
+        quad_error_control=bool(quad_error_control), order=DENSE_ORDER, throw=bool(throw),
+        max_order=int(max_order), event=event,
+        progress=(100 if progress is True else int(progress)),
+        auto_split=auto_split, explicit_batch=_explicit_batch(),
+        dense=(2 if dense else (1 if steps else 0)), check_algebraic=check_algebraic,
+        index2=() if index2_mask is None else tuple(int(i) for i in np.flatnonzero(index2_mask)))
+    inputs = Inputs(t0=t0, t1=t1, y0=y0, yp0=yp0, args=args, saveat=saveat,
+                    breakpoints=_check_breakpoints(breakpoints, dtype),
+                    algebraic=algebraic, rtol=rtol, atol=atol, quad_rtol=quad_rtol,
+                    quad_atol=quad_atol, tstop=tstop, constraints=constraints,
+                    max_step=max_step, min_step=min_step, first_step=first_step,
+                    index2=None if index2_mask is None else jnp.asarray(index2_mask))
+    return config, inputs
 
 
 # Long mostly by its docstring (the reference of every argument, ~150 lines); the body
@@ -448,76 +539,16 @@ def solve(
             kwargs=kwargs)
         return Solution(ts=ts, ys=ys, yps=yps, qs=qs, stats=dict(stats, t_final=t_final),
                         result=result)
-    index2_mask = None
-    if index2 is not None:
-        index2_mask, algebraic = check_index2_mask(index2, algebraic, np.shape(y0)[0], init,
-                                                   yp0 is not None, breakpoints)
-    # Without a mask the algebraic directions are found from F_y' where needed.
-    auto_split = algebraic is None and np.shape(y0)[0] <= AUTO_SPLIT_MAX_N
-    check_algebraic = algebraic is not None
-    t0, t1, y0, yp0, saveat, algebraic, rtol, atol, tstop = _check_inputs(
-        residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quadrature, rtol, atol,
-        tstop, max_steps)
-    # Python floats in `args` become (weakly typed) arrays: traced, hence differentiable,
-    # and a new value reuses the compiled solve instead of recompiling it as a new static
-    # constant would (ints and non-numeric leaves stay static: they may set shapes).
-    args = jax.tree_util.tree_map(
-        lambda a: jnp.asarray(a) if isinstance(a, (float, complex)) else a, args)
-    if yp0 is None:
-        yp0 = jnp.zeros_like(y0)
-        if init is None:
-            init = "ya_ydp"
-    dtype = y0.dtype
-    if not check_algebraic and not auto_split:
-        algebraic = _structural_algebraic(residual, t0, y0, yp0, args, algebraic)
-    if sensitivity is None:
-        # The same rule with `index2` (docs/index2.md, "Derivatives": on Fekete, n = 160,
-        # the continuous adjoint's gradient runs ~20x faster than the discrete one, with
-        # the same accuracy).
-        sensitivity = (Adjoint() if saveat.shape[0] <= MANY_OBSERVATIONS
-                       else DiscreteAdjoint())
-    _check_sensitivity(sensitivity)
-    if forward_sensitivity is None:
-        forward_sensitivity = ForwardSensitivity()
-    if linear_solver is None:
-        linear_solver = default_linear_solver(residual, t0, y0, yp0, args)
-    _check_linear_solver(linear_solver)
-    linear_solver = linear_solver.prepare(residual, t0, y0, yp0, args)
-    nq = 0
-    if quadrature is not None:
-        y = jax.ShapeDtypeStruct(y0.shape, dtype)
-        nq = eqx.filter_eval_shape(quadrature, jax.ShapeDtypeStruct((), dtype), y, y, args).shape[0]
-    quad_rtol = rtol if quad_rtol is None else jnp.asarray(quad_rtol, dtype)
-    quad_atol = jnp.broadcast_to(jnp.max(atol) if quad_atol is None
-                                 else jnp.asarray(quad_atol, dtype), (nq,))
-    constraints, max_step, min_step, first_step = _check_step_options(
-        y0, constraints, max_step, min_step, first_step, max_order)
-    event = _check_event(event, residual, t0, y0, args)
-    # Tracers the functions close over (a parameter under grad/jacfwd/vmap) become
-    # leaves of args, differentiable and batchable like any other (`_closures.py`).
-    residual, quadrature, event, linear_solver, args = lift_closures(
-        residual, quadrature, event, linear_solver, y0, args)
-    if index2_mask is not None:
-        if init is not None:   # "ya_ydp" (or yp0=None): project onto the constraints
-            y0, yp0 = project(residual, t0, y0, yp0, args, index2_mask, algebraic, rtol, atol)
-            init = None
-        y0 = index2_check(residual, t0, t1, y0, yp0, args, index2_mask, algebraic, rtol, atol)
-    config = Config(
-        residual=residual, quadrature=quadrature, linear_solver=linear_solver,
-        reverse=sensitivity, forward=forward_sensitivity, init=init,
-        max_steps=int(max_steps), suppress_algebraic_error=bool(suppress_algebraic_error),
-        quad_error_control=bool(quad_error_control), order=DENSE_ORDER, throw=bool(throw),
-        max_order=int(max_order), event=event,
-        progress=(100 if progress is True else int(progress)),
-        auto_split=auto_split, explicit_batch=_explicit_batch(),
-        dense=(2 if dense else (1 if steps else 0)), check_algebraic=check_algebraic,
-        index2=() if index2_mask is None else tuple(int(i) for i in np.flatnonzero(index2_mask)))
-    inputs = Inputs(t0=t0, t1=t1, y0=y0, yp0=yp0, args=args, saveat=saveat,
-                    breakpoints=_check_breakpoints(breakpoints, dtype),
-                    algebraic=algebraic, rtol=rtol, atol=atol, quad_rtol=quad_rtol,
-                    quad_atol=quad_atol, tstop=tstop, constraints=constraints,
-                    max_step=max_step, min_step=min_step, first_step=first_step,
-                    index2=None if index2_mask is None else jnp.asarray(index2_mask))
+    config, inputs = _configure(
+        residual, t0, t1, y0, yp0, args,
+        saveat=saveat, algebraic=algebraic, index2=index2, init=init, quadrature=quadrature,
+        rtol=rtol, atol=atol, max_steps=max_steps, sensitivity=sensitivity,
+        forward_sensitivity=forward_sensitivity, throw=throw, tstop=tstop,
+        breakpoints=breakpoints, suppress_algebraic_error=suppress_algebraic_error,
+        quad_rtol=quad_rtol, quad_atol=quad_atol, quad_error_control=quad_error_control,
+        linear_solver=linear_solver, constraints=constraints, max_step=max_step,
+        min_step=min_step, first_step=first_step, max_order=max_order, event=event,
+        steps=steps, dense=dense, progress=progress)
     sol, init_info = _solve_compiled(config, inputs)
     if throw:
         sol = _raise_on_failure(sol, init_info, config, inputs)

@@ -57,7 +57,8 @@ def _close(a, b, tol=TOL):
 
 @pytest.fixture(scope="module")
 def chunked():
-    return dae.solve_ensemble(robertson, 0.0, 1.0, Y0_BAD, args=K, chunk_size=4, **KW)
+    return dae.solve_ensemble(robertson, 0.0, 1.0, Y0_BAD, args=K, chunk_size=4, queue=False,
+                              **KW)
 
 
 def test_members_equal_their_own_solves_and_a_failure_keeps_its_status(chunked):
