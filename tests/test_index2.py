@@ -537,13 +537,18 @@ def test_parameter_dependent_constraint(mode):
 VMAP_PS = jnp.array([[0.8, 0.3], [1.2, -0.5]])
 
 
-@pytest.mark.parametrize("mode", ["jacrev", "adjoint"])
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("mode", ["jacrev", "default"])
 def test_vmap_of_index2_gradient(mode):
-    """`vmap` over parameters of the discrete and the continuous adjoint's gradients:
-    each member against the closed form (bounds as above; ∂x2/∂(a, b) does not depend
-    on (a, b))."""
+    """`vmap` over parameters of the discrete adjoint's gradients and of `grad`'s default
+    (the continuous adjoint, with its fallback to the discrete one: a fallback warns,
+    and the warning is an error here, so the default path must not fall back): each
+    member against the closed form (bounds as above; ∂x2/∂(a, b) does not depend on
+    (a, b))."""
+    sensitivity = MODES[mode][1] if mode in MODES else None
+
     def loss(p):
-        return jnp.sum(linear_p_solve(p, MODES[mode][1], follow=True)[:, 1])   # Σ_i x2(t_i)
+        return jnp.sum(linear_p_solve(p, sensitivity, follow=True)[:, 1])   # Σ_i x2(t_i)
 
     ref = linear_p_derivatives(LINEAR_P_TS)
     for g in jax.vmap(jax.grad(loss))(VMAP_PS):
