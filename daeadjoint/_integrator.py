@@ -37,8 +37,9 @@ from ._derivatives.forward_sensitivity import (SensitivityProblem, quadrature_se
                                                sensitivity_corrector)
 from ._initialization import violated
 from ._jax_internals import unvmap_any
-from ._newton import (EPS_NEWT, _builds_from_residual, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR,
-                      NewtonResult, maybe_update, newton_solve, tree_where)
+from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR, NewtonResult,
+                      _builds_from_residual, maybe_update, newton_solve, setup_linear,
+                      tree_where)
 from ._results import RESULTS
 
 MAX_ERROR_TEST_FAILS = 10   # IDAS maxnef
@@ -1060,16 +1061,12 @@ def restore_linear_state(problem: Problem, s: State) -> State:
     """Rebuild the factorization at the stored setup point with the stored cj_old:
     the restarted integration then repeats the original steps."""
     t, y, yp = s.jac_point
-    if problem.index2 is not None and _builds_from_residual(problem.linear_solver):
-        # The Newton iteration of an index-2 problem factors J D, D = cj on the index-2
-        # columns (`newton_solve`): rebuild that one, or the replay's corrections
-        # x = D w would come from the unscaled J and leave the original steps.
-        d = jnp.where(problem.index2, s.cj_old, 1.0).astype(y.dtype)
-        res = problem.residual
-        lin = problem.linear_solver.setup(lambda t_, w, wp, a: res(t_, d * w, d * wp, a), t,
-                                          y / d, yp / d, s.cj_old, problem.args)
-    else:
-        lin = problem.linear_solver.setup(problem.residual, t, y, yp, s.cj_old, problem.args)
+    # The Newton iteration of an index-2 problem factors J D, D = cj on the index-2
+    # columns (`newton_solve`): rebuild that one, or the replay's corrections x = D w
+    # would come from the unscaled J and leave the original steps.
+    scaled = problem.index2 is not None and _builds_from_residual(problem.linear_solver)
+    lin = setup_linear(problem.linear_solver, problem.residual, t, y, yp, s.cj_old,
+                       problem.args, problem.index2 if scaled else None)
     return dataclasses.replace(s, lin_state=lin)
 
 

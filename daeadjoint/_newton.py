@@ -114,6 +114,17 @@ class _Iteration(NamedTuple):
 
 # Kept whole: the iteration body, its convergence test and the redo after a failure with
 # an old Jacobian share the loop carry; its length is mostly that body (IDAS IDANls).
+def setup_linear(linear_solver, residual, t, y, yp, cj, args, index2=None):
+    """The linear solver's setup of J = F_y + cj F_y' at (t, y, y') — of J D, D = cj on
+    the `index2` columns and 1 elsewhere, when the index-2 mask is given (the column
+    scaling of `newton_solve`): the Jacobian of w ↦ F(t, D w, D w') at w = D⁻¹ y."""
+    if index2 is None:
+        return linear_solver.setup(residual, t, y, yp, cj, args)
+    d = jnp.where(index2, cj, 1.0).astype(y.dtype)
+    return linear_solver.setup(lambda t_, w, wp, a: residual(t_, d * w, d * wp, a), t,
+                               y / d, yp / d, cj, args)
+
+
 def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
                  lin_state, jac_point, cj_old, ss, force_setup, linear: bool = False,
                  mask_probe=None, index2=None) -> NewtonResult:
@@ -154,14 +165,8 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
 
         def setup(operand):
             y_s, yp_s = y_pred + ee, yp_pred + cj * ee
-            if scale_cols:
-                # J D: the Jacobian of w ↦ F(t, D w, D w') at w = D⁻¹ y.
-                d = jnp.where(index2, cj, 1.0).astype(y_s.dtype)
-                lin_new = linear_solver.setup(
-                    lambda t_, w, wp, a: residual(t_, d * w, d * wp, a), t, y_s / d,
-                    yp_s / d, cj, args)
-            else:
-                lin_new = linear_solver.setup(residual, t, y_s, yp_s, cj, args)
+            lin_new = setup_linear(linear_solver, residual, t, y_s, yp_s, cj, args,
+                                   index2 if scale_cols else None)
             new = (lin_new, linear_solver.is_singular(lin_new), (t, y_s, yp_s))
             if mask_probe is None:
                 return new
