@@ -288,7 +288,7 @@ def test_step_lookup_is_the_linear_scan():
         state = Step(t=jnp.asarray(t), phi=jnp.zeros((6, n)), psi=jnp.ones(6),
                      k_used=jnp.asarray(1, jnp.int32))
         buf = record(buf, state, jnp.asarray(attempt % 5 != 3))   # some rejected steps
-    for size in (1, 2, 5, 8, 33):
+    for size in (1, 5, 33):
         b = np.sort(np.round(rng.uniform(0.0, 5.0, size), 1))   # with repeated values
         x = np.concatenate([b, b + 1e-15, b - 1e-15, rng.uniform(-1.0, 6.0, 30)])
         got = np.asarray(count_below(jnp.asarray(b), jnp.asarray(x)))
