@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from .._results import RESULTS
+from .buffer import count_below
 
 # Half-width of the side window of a lagged step function, in ulps of the time scale (as
 # `buffer.SIDE_ULPS`): above the rounding of s − τ, far below any step.
@@ -105,7 +106,10 @@ class Backward(eqx.Module):
         # The side of H(s − τᵢ) at a breakpoint s = s_k + τᵢ: the left limit, unless s is
         # a few ulps past a breakpoint (the restart there), as the lagged values are read.
         delta = SIDE_ULPS * jnp.finfo(s.dtype).eps * jnp.maximum(jnp.abs(d.T - d.t0), 1.0)
-        past = jnp.any((s - d.breaks > 0) & (s - d.breaks < delta))
+        # d.breaks is ascending: the last breakpoint below s is the closest (binary search).
+        j = count_below(d.breaks, s) - 1
+        b_last = d.breaks[jnp.maximum(j, 0)]
+        past = (j >= 0) & (s - b_last > 0) & (s - b_last < delta)
         side = jnp.where(past, delta, -delta)
 
         def advanced(i):

@@ -54,6 +54,22 @@ from .._bdf import NPHI, derivative_weights
 SIDE_ULPS = 16
 
 
+def count_below(b, x) -> Int[Array, "..."]:
+    """The number of entries of the ascending array b (B,) below x (any shape), i.e.
+    `jnp.searchsorted(b, x, side="left")`, as ⌈log₂(B + 1)⌉ unrolled rounds of a binary
+    search (one gather each; no loop of its own inside the step loop)."""
+    B = b.shape[0]
+    lo = jnp.zeros(jnp.shape(x), jnp.int32)
+    hi = jnp.full(jnp.shape(x), B, jnp.int32)
+    for _ in range(B.bit_length()):
+        mid = (lo + hi) // 2
+        open_ = lo < hi
+        below = b[jnp.minimum(mid, B - 1)] < x
+        lo = jnp.where(open_ & below, mid + 1, lo)
+        hi = jnp.where(open_ & ~below, mid, hi)
+    return lo
+
+
 class DelayBuffer(eqx.Module):
     """The last `capacity` accepted steps: their end points, (φ, ψ, k_used), and whether
     a step still needed was overwritten (`lost`: the ring was too small for the longest
@@ -61,7 +77,7 @@ class DelayBuffer(eqx.Module):
 
     t0: Float[Array, ""]
     tau_max: Float[Array, ""]
-    breakpoints: Float[Array, " B"] | None
+    breakpoints: Float[Array, " B"] | None      # ascending (`solve.breaking_points`)
     t_left: Float[Array, " C"]
     t_right: Float[Array, " C"]
     phi: Float[Array, "C 6 n"]
@@ -117,7 +133,7 @@ class DelayBuffer(eqx.Module):
             left = derivative_weights(self.t_last, s.t, s.psi, s.k_used, 1)[1] @ s.phi
             fresh = self.count == 0
             if self.breakpoints is not None:
-                fresh = fresh | jnp.any(self.breakpoints == self.t_last)
+                fresh = fresh | self.is_breakpoint(self.t_last)
             jump = jnp.where(fresh, 0.0, self.yp_last - left)
             slopes = dict(slope_jump=put(self.slope_jump, jump),
                           yp_last=jnp.where(passed, right, self.yp_last))
@@ -127,13 +143,57 @@ class DelayBuffer(eqx.Module):
             t_last=jnp.where(passed, s.t, self.t_last), count=self.count + passed.astype(jnp.int32),
             lost=lost, **slopes)
 
-    def just_after_breakpoint(self, t) -> Bool[Array, ""]:
-        """t lies a few ulps past a breakpoint (the restart's evaluation point there)."""
+    def locate(self, q) -> Int[Array, " d"]:
+        """The slot of the stored step [a, b] with a < q ≤ b, for each point of q (d,);
+        the newest step's slot where none contains q (q past it, or in the history, or
+        in a step already overwritten).
+
+        A binary search over the steps in the order they were taken: the j-th oldest
+        stored step is in slot (start + j) mod C (start = 0 until the ring is full, then
+        the oldest slot, count mod C), and its right ends increase with j, so the first
+        step with b ≥ q is the only one that can contain q (the steps tile [a_oldest,
+        b_newest] without gaps or overlaps). ⌈log₂(C + 1)⌉ rounds of one gather each, in
+        place of comparing q with all C slots: the lagged values are read at every
+        residual evaluation, and the adjoint's backward ring holds tens of thousands of
+        steps with many observations."""
+        C = self.capacity
+        filled = jnp.minimum(self.count, C)
+        start = jnp.where(self.count >= C, jnp.mod(self.count, C), 0)
+        lo = jnp.zeros(q.shape, jnp.int32)
+        hi = jnp.broadcast_to(filled, q.shape).astype(jnp.int32)
+        # Invariant: the answer lies in [lo, hi] (hi = filled: no step ends at or after q).
+        for _ in range(C.bit_length()):      # C.bit_length() = ⌈log₂(C + 1)⌉
+            mid = (lo + hi) // 2
+            open_ = lo < hi
+            up = self.t_right[jnp.mod(start + mid, C)] >= q
+            hi = jnp.where(open_ & up, mid, hi)
+            lo = jnp.where(open_ & ~up, mid + 1, lo)
+        slot = jnp.mod(start + lo, C)
+        found = (lo < filled) & (self.t_left[slot] < q)
+        return jnp.where(found, slot, jnp.mod(self.count - 1, C))
+
+    def is_breakpoint(self, t) -> Bool[Array, ""]:
+        """t is one of the (sorted) breakpoints: a binary search."""
         if self.breakpoints is None:
             return jnp.zeros((), bool)
         b = self.breakpoints
-        width = SIDE_ULPS * jnp.finfo(b.dtype).eps * jnp.maximum(jnp.abs(b), 1.0)
-        return jnp.any((t > b) & (t - b <= width))
+        if b.shape[0] == 0:
+            return jnp.zeros((), bool)
+        return b[jnp.minimum(count_below(b, t), b.shape[0] - 1)] == t
+
+    def just_after_breakpoint(self, t) -> Bool[Array, ""]:
+        """t lies a few ulps past a breakpoint (the restart's evaluation point there).
+        The breakpoints are sorted: only the last one before t can be that close (the
+        adjoint's backward solve has one per observation and lag)."""
+        if self.breakpoints is None:
+            return jnp.zeros((), bool)
+        b = self.breakpoints
+        if b.shape[0] == 0:
+            return jnp.zeros((), bool)
+        j = count_below(b, t) - 1                             # the last b < t, if any
+        bj = b[jnp.maximum(j, 0)]
+        width = SIDE_ULPS * jnp.finfo(b.dtype).eps * jnp.maximum(jnp.abs(bj), 1.0)
+        return (j >= 0) & (t > bj) & (t - bj <= width)
 
     def evaluate(self, s, right, order: int):
         """y^(m)(s), m = 0 … order, for the points s (m_d,) from the stored steps: (m_d,
@@ -143,9 +203,7 @@ class DelayBuffer(eqx.Module):
         scale = jnp.maximum(jnp.maximum(jnp.abs(s), jnp.abs(self.t0)), self.tau_max)
         delta = SIDE_ULPS * jnp.finfo(dtype).eps * scale
         q = jnp.where(right, s + delta, s - delta)
-        inside = (self.t_left[None, :] < q[:, None]) & (q[:, None] <= self.t_right[None, :])
-        newest = jnp.mod(self.count - 1, self.capacity)
-        idx = jnp.where(jnp.any(inside, axis=1), jnp.argmax(inside, axis=1), newest)
+        idx = self.locate(q)
         w = jax.vmap(lambda si, j: derivative_weights(si, self.t_right[j], self.psi[j],
                                                       self.k_used[j], order))(s, idx)
         out = jnp.einsum("dmj,djn->dmn", w, self.phi[idx])

@@ -79,10 +79,11 @@ ADJOINT_MIN_INPUTS = 16
 # ... and at most this many output times: the backward solve restarts at every
 # observation (and at its shifts by the lags), so its cost grows with their number, while
 # the variational route reads outputs off the dense output. Kermack–McKendrick
-# (benchmarks/delays.py --gradient-scaling): at 10 outputs the adjoint is the cheaper
-# from ~31 input components on (0.55 s against 1.35 s); at 100 outputs it costs 3.1 s
-# against 0.36 s for the variational route at 11 components (which grows about linearly
-# in them); at 1000 outputs 38.6 s against 0.48 s.
+# (benchmarks/delays.py --gradient-scaling, docs/delays.md): at 10 outputs the adjoint
+# is about even at ~31 input components (1.1 s against 0.9 s) and the cheaper at 71 (1.5
+# s against 3.1 s); at 100 outputs it costs 3.2 s against 0.41 s for the variational
+# route at 11 components (which grows about linearly in them); at 1000 outputs 18.9 s
+# against 0.20 s.
 ADJOINT_MAX_OBSERVATIONS = 32
 
 
