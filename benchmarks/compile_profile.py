@@ -5,6 +5,7 @@
     python benchmarks/compile_profile.py --programs grad grad_nofallback    # some programs
     python benchmarks/compile_profile.py --cache                            # + a second process
     python benchmarks/compile_profile.py --tree /tmp/old                    # another checkout
+    python benchmarks/compile_profile.py --lower-only --programs vmap_grad  # JAX's part only
 
 Every program is compiled in a fresh Python process (nothing cached in memory or on
 disk), as a user's first call: Robertson (`problems.robertson()`, 0 … 4e10, 12 outputs,
@@ -32,6 +33,12 @@ compilation cache on (`jax_compilation_cache_dir` in a fresh temporary directory
 docs/performance.md): the first fills the cache, the second's first call is timed, and
 the number of programs the second one compiled is counted (`jax_log_compiles`; zero means
 every program came from the cache).
+
+`--lower-only` stops after `.lower()` (no XLA) and reports, besides the trace and lower
+seconds, how many jaxprs JAX batched (misses of its cache of batched jaxprs: each is one
+more batching of a loop body, a branch or a primitive's rules under `vmap`) and how many
+times a while loop's batching rule ran, in tracing and in lowering: the counts do not
+depend on the machine's load.
 
 `--tree PATH` runs the same measurements on the daeadjoint of another checkout (e.g.
 `git archive main | tar -x -C /tmp/old`), so that two versions can be compared with one

@@ -73,20 +73,20 @@ Not here: the names `jax.core` still exports as public (`ShapedArray`, `Tracer`,
    otherwise.)
 8. **JAX's batching rule of `while_loop`** (`jax._src.lax.control_flow.loops.while_p`, the
    `batching` module's `batch_jaxpr`, `batch_jaxpr_axes`, `broadcast` and `moveaxis`):
-   `batched_loops` replaces it, while the solver traces, by `_while_batching_rule`, which
-   gives the same batched loop with fewer batchings of its body. JAX's rule finds which
-   carries are batched by batching the body until no new carry becomes batched (two or
-   three passes: init → carries the body batches → check), then batches the body once
-   more with the final axes; with the solver's loops nested 3–5 deep under `vmap` (the
-   backward pass's segment loop > step loop > Newton iteration > Jacobian setup) that
-   was a good part of lowering `vmap(grad)` and `jax.hessian`. The replacement tests the
-   predicate first: batched → every carry is batched whatever the body does (JAX's rule
-   then batches all of them too), so the body is batched once; unbatched → the same
-   fixpoint passes as JAX's, and the last one's batched body is used as the loop's.
-   Without it the programs are the same (`tests/test_jax_internals.py` compares the
-   jaxprs of both rules), only slower to build. If JAX changes the rule's calling
-   convention or the helpers it uses, batched solves fail to trace; that test fails
-   first.
+   replaced at import by a rule that calls JAX's own, except inside `batched_loops` (the
+   solver's tracing: `solve`, the primitives' implementations), where it calls
+   `_while_batching_rule`: the same batched loop with fewer batchings of its body. JAX's
+   rule finds the batched carries by batching the body until no further carry becomes
+   batched (usually two passes: the init's, then a check), then batches it once more for
+   the final axes; with the solver's loops nested 3–5 deep under `vmap` (the backward
+   pass's segment loop > step loop > Newton iteration > Jacobian setup) that was a good
+   part of lowering `vmap(grad)` and `jax.hessian`. The replacement tests the predicate
+   before each pass: batched → every carry is batched whatever the body does (JAX's rule
+   then batches all of them too), so the body is batched once; never batched → JAX's
+   passes, the last one's body used as the loop's. Without it the programs are the same
+   (`tests/test_jax_internals.py` compares the jaxprs of both rules), only slower to
+   build. If JAX changes the rule's calling convention or the helpers it uses, batched
+   solves fail to trace; that test fails first.
 """
 
 import functools
