@@ -5,6 +5,7 @@
     python benchmarks/compile_profile.py --programs grad grad_nofallback    # some programs
     python benchmarks/compile_profile.py --cache                            # + a second process
     python benchmarks/compile_profile.py --tree /tmp/old                    # another checkout
+    python benchmarks/compile_profile.py --lower-only --programs vmap_grad  # JAX's part only
 
 Every program is compiled in a fresh Python process (nothing cached in memory or on
 disk), as a user's first call: Robertson (`problems.robertson()`, 0 … 4e10, 12 outputs,
@@ -33,6 +34,12 @@ docs/performance.md): the first fills the cache, the second's first call is time
 the number of programs the second one compiled is counted (`jax_log_compiles`; zero means
 every program came from the cache).
 
+`--lower-only` stops after `.lower()` (no XLA) and reports, besides the trace and lower
+seconds, how many jaxprs JAX batched (misses of its cache of batched jaxprs: each is one
+more batching of a loop body, a branch or a primitive's rules under `vmap`) and how many
+times a while loop's batching rule ran, in tracing and in lowering: the counts do not
+depend on the machine's load.
+
 `--tree PATH` runs the same measurements on the daeadjoint of another checkout (e.g.
 `git archive main | tar -x -C /tmp/old`), so that two versions can be compared with one
 script; run both versions interleaved on a busy machine.
@@ -59,7 +66,7 @@ BATCH = 16
 
 
 # ------------------------------------------------------------------- the child process
-def child(program: str, tree: str, out: str, cache: str | None):
+def child(program: str, tree: str, out: str, cache: str | None, lower_only: bool = False):
     sys.path.insert(0, tree)                     # the daeadjoint to measure
     sys.path.insert(1, str(HERE))                # problems.py
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -154,12 +161,35 @@ def child(program: str, tree: str, out: str, cache: str | None):
                  compiled=events["compiles"] - events["hits"], hits=events["hits"])
         Path(out).write_text(json.dumps(r))
         return
+    # How often JAX batched a jaxpr (`vmap` of a loop body or a primitive's rules: each
+    # miss of its cache is one more tracing of that body) and ran a while loop's batching
+    # rule, in tracing and in lowering.
+    from jax._src.interpreters import batching as _batching
+    from jax._src.lax.control_flow import loops as _loops
+    bja = _batching._batch_jaxpr_axes
+    while_rule = _batching.fancy_primitive_batchers[_loops.while_p]
+    while_calls = [0]
+
+    def counted_rule(*args, **kw):
+        while_calls[0] += 1
+        return while_rule(*args, **kw)
+
+    _batching.fancy_primitive_batchers[_loops.while_p] = counted_rule
     jitted = jax.jit(fn)
     t0 = time.perf_counter()
     traced_fn = jitted.trace(x)
     t1 = time.perf_counter()
+    m1, w1 = bja.cache_info().misses, while_calls[0]
     lowered = traced_fn.lower()
     t2 = time.perf_counter()
+    r.update(batch_trace=m1, batch_lower=bja.cache_info().misses - m1,
+             while_rules=(w1, while_calls[0] - w1))
+    if lower_only:
+        r.update(trace=t1 - t0, lower=t2 - t1, residual_traces=traced[0],
+                 stablehlo=len(re.findall(r"^\s*(%\S+ = )?\"?(stablehlo|func|chlo)\.",
+                                          lowered.as_text(), re.M)))
+        Path(out).write_text(json.dumps(r))
+        return
     print("@@XLA-START", flush=True)
     print("@@XLA-START", file=sys.stderr, flush=True)
     c2 = time.process_time()
@@ -229,7 +259,7 @@ def xla_phases(log: str) -> dict:
     return out
 
 
-def run_child(program, tree, cache=None, env_extra=None) -> dict:
+def run_child(program, tree, cache=None, env_extra=None, lower_only=False) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **(env_extra or {}))
@@ -241,11 +271,13 @@ def run_child(program, tree, cache=None, env_extra=None) -> dict:
         cmd = [sys.executable, __file__, "--child", program, "--tree", tree, "--out", out]
         if cache:
             cmd += ["--cache-dir", cache]
+        if lower_only:
+            cmd += ["--lower-only"]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if p.returncode != 0 or not os.path.exists(out):
             return dict(program=program, error=p.stderr.strip().splitlines()[-1:])
         r = json.loads(Path(out).read_text())
-        if cache is None:
+        if cache is None and not lower_only:
             r.update(xla_phases(p.stderr))
         return r
 
@@ -258,18 +290,34 @@ def main():
                     help="also the first call of a second process with the persistent cache")
     ap.add_argument("--tree", default=str(HERE.parent), help="checkout whose daeadjoint to run")
     ap.add_argument("--repeats", type=int, default=1, help="fresh processes per program")
+    ap.add_argument("--lower-only", action="store_true",
+                    help="trace and lower only (no XLA): seconds and batch_jaxpr counts")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--cache-dir", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        return child(a.child, a.tree, a.out, a.cache_dir)
+        return child(a.child, a.tree, a.out, a.cache_dir, a.lower_only)
     progs = a.programs or (PROGRAMS + (SLOW if a.hessian else []))
     print(f"# Compile profile — {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC\n")
     import jax
     print(f"{platform.machine()} {os.cpu_count()} CPUs, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; jax {jax.__version__}; "
           f"daeadjoint from {a.tree}\n")
+    if a.lower_only:
+        print("| program | trace s | lower s | bodies batched: trace / lower | while "
+              "batching rules: trace / lower | StableHLO | residual traced |")
+        print("|---" * 7 + "|")
+        for _ in range(a.repeats):
+            for prog in progs:
+                r = run_child(prog, a.tree, lower_only=True)
+                if "error" in r:
+                    print(f"| {prog} | error: {r['error']} |")
+                    continue
+                print(f"| {prog} | {r['trace']:.2f} | {r['lower']:.2f} | {r['batch_trace']} / "
+                      f"{r['batch_lower']} | {r['while_rules'][0]} / {r['while_rules'][1]} | "
+                      f"{r['stablehlo']} | {r['residual_traces']} |", flush=True)
+        return
     print("| program | first call s | trace | lower | XLA | HLO passes | emit | LLVM | "
           "StableHLO | HLO instr. | kernels | whiles | residual traced | slowest passes (s) | "
           "XLA CPU s |")

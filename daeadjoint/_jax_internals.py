@@ -71,8 +71,26 @@ Not here: the names `jax.core` still exports as public (`ShapedArray`, `Tracer`,
    JAX's failure to transpose that solve. Without it that case would fail with an
    internal message. (`being_linearized`, item 3, picks the transposable J·ṗ form
    otherwise.)
+8. **JAX's batching rule of `while_loop`** (`jax._src.lax.control_flow.loops.while_p`, the
+   `batching` module's `batch_jaxpr`, `batch_jaxpr_axes`, `broadcast` and `moveaxis`):
+   replaced at import by a rule that calls JAX's own, except inside `batched_loops` (the
+   solver's tracing: `solve`, the primitives' implementations), where it calls
+   `_while_batching_rule`: the same batched loop with fewer batchings of its body. JAX's
+   rule finds the batched carries by batching the body until no further carry becomes
+   batched (usually two passes: the init's, then a check), then batches it once more for
+   the final axes; with the solver's loops nested 3–5 deep under `vmap` (the backward
+   pass's segment loop > step loop > Newton iteration > Jacobian setup) that was a good
+   part of lowering `vmap(grad)` and `jax.hessian`. The replacement tests the predicate
+   before each pass: batched → every carry is batched whatever the body does (JAX's rule
+   then batches all of them too), so the body is batched once; never batched → JAX's
+   passes, the last one's body used as the loop's. Without it the programs are the same
+   (`tests/test_jax_internals.py` compares the jaxprs of both rules), only slower to
+   build. If JAX changes the rule's calling convention or the helpers it uses, batched
+   solves fail to trace; that test fails first.
 """
 
+import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -88,6 +106,8 @@ try:
     from equinox.internal._primitive import _missing_dynamic as MISSING
     from jax._src.interpreters.batching import BatchTracer
     from jax._src.interpreters.partial_eval import JaxprTracer
+    from jax._src.interpreters import batching as _batching
+    from jax._src.lax.control_flow.loops import while_p as _while_p
 except (ImportError, AttributeError) as err:     # pragma: no cover - version dependent
     raise ImportError(
         "daeadjoint relies on internals of jax and equinox (see daeadjoint/_jax_internals.py) "
@@ -113,12 +133,22 @@ __all__ = [
     "explicit_batch_axis", "batch_explicit_axis", "shaped_array",
     # 7. (and UndefinedPrimal for the filtered primitives' transpose rules)
     "Primitive", "ad", "batching", "mlir", "UndefinedPrimal",
+    # 8.
+    "batched_loops",
 ]
 
 # ------------------------------------------------------- 1. filtered primitives
 
 create_vprim = eqxi.create_vprim
-filter_primitive_def = eqxi.filter_primitive_def
+
+
+def filter_primitive_def(fn):
+    """equinox's `filter_primitive_def` of `fn` run under `batched_loops` (item 8): a
+    primitive's implementation is where `vmap` batches the solver's loops when the
+    program is lowered."""
+    return eqxi.filter_primitive_def(batched_loops(fn))
+
+
 filter_primitive_jvp = eqxi.filter_primitive_jvp
 filter_primitive_transpose = eqxi.filter_primitive_transpose
 filter_primitive_bind = eqxi.filter_primitive_bind
@@ -238,3 +268,97 @@ def shaped_array(shape, dtype):
 
 Primitive = jax.extend.core.Primitive
 UndefinedPrimal = ad.UndefinedPrimal
+
+
+# ---------------------------------------- 8. the batching rule of while loops
+
+_jax_while_rule = batching.fancy_primitive_batchers[_while_p]
+_scope = threading.local()      # how deep this thread is in `batched_loops`
+
+
+def _while_batching_rule(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_nconsts,
+                         body_jaxpr):
+    """JAX's batching rule of `while_p` (jax/_src/lax/control_flow/loops.py,
+    `_while_loop_batching_rule`), with fewer batchings of the body; the same batched
+    loop. JAX's rule: (i) the batched carries are the fixpoint of "batched in `init`, or
+    made batched by the body", found by batching the body until no carry changes; (ii) if
+    the predicate is batched given those, every carry is batched (all at axis 0);
+    otherwise the fixpoint's are; (iii) the body and the predicate are batched once more
+    for those axes. Here the predicate is tested before each pass: batching is monotone
+    (a batched input never makes an output unbatched), so a predicate batched by a
+    subset of the fixpoint is batched by the fixpoint, and then the body need not be
+    batched before (ii). The init is broadcast to all-batched and JAX's rule does the
+    rest: its fixpoint ends in one pass, and its (iii) is that pass (the same arguments
+    of JAX's cache of batched jaxprs). Where the predicate stays unbatched, the passes
+    are JAX's own, and the last one, whose arguments differ from (iii)'s only in how an
+    unbatched output is asked for ("unbatched if it is" vs "unbatched"), is the
+    body (iii) would build; the loop is bound here."""
+    params = dict(cond_nconsts=cond_nconsts, cond_jaxpr=cond_jaxpr, body_nconsts=body_nconsts,
+                  body_jaxpr=body_jaxpr)
+    nc = cond_nconsts + body_nconsts
+    if (cond_jaxpr.effects or body_jaxpr.effects or cond_jaxpr.out_avals[0].shape
+            or any(d not in (None, 0) for d in dims[:nc])):
+        # Effects (JAX's rule rejects some), a predicate that is not a scalar, constants
+        # batched along another axis (the fixpoint's passes batch along axis 0, (iii)
+        # along theirs): JAX's rule as it is.
+        return _jax_while_rule(axis_data, args, dims, **params)
+    bat = [d is not None for d in dims]
+    cconst_bat, bconst_bat, carry_bat = bat[:cond_nconsts], bat[cond_nconsts:nc], bat[nc:]
+    body = None
+    for _ in range(1 + len(carry_bat)):
+        _, (pred_bat,) = _batching.batch_jaxpr(cond_jaxpr, axis_data, cconst_bat + carry_bat,
+                                              instantiate=False)
+        if pred_bat:
+            break
+        body, out_bat = _batching.batch_jaxpr(body_jaxpr, axis_data, bconst_bat + carry_bat,
+                                             instantiate=carry_bat)
+        if list(out_bat) == carry_bat:
+            break
+        carry_bat = [a or b for a, b in zip(carry_bat, out_bat)]
+    else:     # pragma: no cover - each pass batches one more carry, or stops
+        return _jax_while_rule(axis_data, args, dims, **params)
+    # The init as JAX's rule prepares it: broadcast where it becomes batched, the batch
+    # axis moved to the front; in the order of the carries.
+    carry_dims = [0 if pred_bat or b else None for b in carry_bat]
+    init = []
+    for x, old, new in zip(args[nc:], dims[nc:], carry_dims):
+        if old is None and new is not None:
+            init.append(_batching.broadcast(x, axis_data.size, new, axis_data.explicit_mesh_axis))
+        elif old is None or old == new:
+            init.append(x)
+        else:
+            init.append(_batching.moveaxis(x, old, new))
+    if pred_bat:
+        return _jax_while_rule(axis_data, list(args[:nc]) + init, list(dims[:nc]) + carry_dims,
+                               **params)
+    cond, _ = _batching.batch_jaxpr_axes(cond_jaxpr, axis_data,
+                                        list(dims[:cond_nconsts]) + carry_dims, (None,))
+    outs = _while_p.bind(*args[:nc], *init, cond_nconsts=cond_nconsts, cond_jaxpr=cond,
+                         body_nconsts=body_nconsts, body_jaxpr=body)
+    return outs, carry_dims
+
+
+def _dispatching_while_rule(axis_data, args, dims, **params):
+    """`_while_batching_rule` inside `batched_loops`, JAX's rule elsewhere."""
+    if getattr(_scope, "depth", 0):
+        return _while_batching_rule(axis_data, args, dims, **params)
+    return _jax_while_rule(axis_data, args, dims, **params)
+
+
+batching.fancy_primitive_batchers[_while_p] = _dispatching_while_rule
+
+
+def batched_loops(fn):
+    """`fn` with JAX's while-loop batching replaced by `_while_batching_rule` (item 8)
+    while it runs: where a `vmap` batches the loops `fn` traces (a solve called under
+    `vmap`, a primitive's implementation vmapped when it is lowered). Loops batched
+    elsewhere (e.g. `jax.vmap(jax.jit(solve))`, which batches an already traced
+    program) keep JAX's rule: the same program, built more slowly."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _scope.depth = getattr(_scope, "depth", 0) + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _scope.depth -= 1
+    return wrapper

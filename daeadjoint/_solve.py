@@ -22,7 +22,7 @@ from ._derivatives.autodiff import solve_core
 from ._derivatives.discrete_adjoint import DiscreteAdjoint
 from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
-from ._jax_internals import explicit_batch_axis
+from ._jax_internals import batched_loops, explicit_batch_axis
 from ._index2 import check_index2_mask, index2_check, project
 from ._initialization import SUCCESS, InitMode, failure_messages, message_index
 from ._linalg.linear_solver import AbstractLinearSolver
@@ -337,7 +337,9 @@ def _configure(residual, t0, t1, y0, yp0, args, *, saveat, algebraic, index2, in
 
 
 # Long mostly by its docstring (the reference of every argument, ~150 lines); the body
-# is the short sequence check → configure → compile → raise.
+# is the short sequence check → configure → compile → raise. (`batched_loops`: a `vmap`
+# around the call batches the solver's loops with fewer passes, the same program.)
+@batched_loops
 def solve(
     residual: Callable,
     t0: ArrayLike,

@@ -313,3 +313,38 @@ def test_optimistix_levenberg_marquardt_through_solve():
         lambda p, d: jnp.ravel(outputs(p) - d), optx.LevenbergMarquardt(rtol=1e-8, atol=1e-8),
         p0, args=data, max_steps=50).value)
     np.testing.assert_allclose(fit(jnp.array([1.0, 1.5])), p_true, rtol=1e-5)
+
+
+def test_vmap_of_solve_and_grad_build_the_program_of_jaxs_loop_batching(monkeypatch):
+    """The solver's loops are batched under `vmap` by the rule of `_jax_internals`
+    (item 8) instead of JAX's: the same program — equal StableHLO of `vmap(solve)` and
+    `vmap(grad)` (the backward pass's nested loops, batched when it is lowered) of the
+    kinetics DAE with its quadrature —, built with fewer batchings
+    (tests/test_jax_internals.py)."""
+    from daeadjoint import _jax_internals as ji
+    thetas = jnp.array([[0.9, 1.3, 0.4, 0.6, 1.0, 0.5], [1.0, 1.2, 0.5, 0.7, 0.9, 0.6]])
+
+    def programs():     # new functions each time: nothing from JAX's caches of traces
+        def ys(theta):
+            p, y0d = theta[:4], theta[4:]
+            return dae.solve(kinetics, 0.0, 3.0, jnp.concatenate([y0d, jnp.zeros(1)]),
+                             jnp.zeros(3), p, saveat=KIN_TS,
+                             algebraic=jnp.array([False, False, True]), init="ya_ydp",
+                             rtol=1e-6, atol=1e-6).ys
+        loss = lambda th: kinetics_loss(th, 1e-6)  # noqa: E731
+        return [jax.vmap(ys), jax.vmap(jax.grad(loss))]
+
+    used = [0]
+    rule = ji._while_batching_rule
+
+    def counted(*args, **kwargs):
+        used[0] += 1
+        return rule(*args, **kwargs)
+
+    monkeypatch.setattr(ji, "_while_batching_rule", counted)
+    ours = [jax.jit(f).lower(thetas).as_text() for f in programs()]
+    assert used[0] > 0      # the loops were batched by the replacement
+    monkeypatch.setattr(ji, "_while_batching_rule", ji._jax_while_rule)
+    jaxs = [jax.jit(f).lower(thetas).as_text() for f in programs()]
+    assert ours[0] == jaxs[0]
+    assert ours[1] == jaxs[1]
