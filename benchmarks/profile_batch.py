@@ -1,0 +1,207 @@
+"""Where the time of a batched step goes: Robertson in one `jax.jit(jax.vmap(solve))`,
+per phase of the step, against the unbatched solve.
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/profile_batch.py            # 256 members
+    OPENBLAS_NUM_THREADS=1 python benchmarks/profile_batch.py -n 64 --top 30
+
+Problem: `problems.robertson()` (0 … 4e10, 12 outputs, rtol 1e-6, IDAS's atol), p1 scaled
+by 10**linspace(-0.5, 0.5, n) (the batch of `benchmarks/ensembles.py`).
+
+What is measured and how
+------------------------
+1. **Thunks per step-loop trip (exact)**: the optimized HLO's step loop, by phase, with
+   `profile_step.py`'s attribution (every attempt / per Newton iteration / when taken).
+2. **Trips**: a vmapped `while_loop` runs its body until its last member is done, so the
+   batch's step loop runs more trips than any member takes steps (the members also
+   wait for each other at every output time, where the outer loop writes the outputs).
+   Counted from a trace of one run (`jax.profiler`): XLA's CPU runtime records one
+   event per executed thunk, named by its HLO instruction, so the events of the step
+   loop's `while` and of the Newton loop's give their trips.
+3. **Time per phase (rough)**: the same trace's thunk events summed by phase. The
+   profiler adds ~0.2–1 µs to every event (on this 2-core machine under load), so
+   phases of many cheap thunks look dearer than they are; the ranking of single
+   expensive thunks (the `--top` list, with their HLO) is what it is for. The whole
+   run's wall and process (CPU) time are measured without the profiler, median of
+   `--repeats` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))                     # the working-tree daeadjoint
+sys.path.insert(1, str(ROOT / "benchmarks"))
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_traceback_in_locations_limit", 1000)
+
+import peers  # noqa: E402
+import problems  # noqa: E402
+import profile_step as ps  # noqa: E402
+
+NESTED = ("while", "conditional", "call")
+
+
+def instruction_phases(prog: ps.Program) -> dict:
+    """HLO instruction name -> (opcode, phase, text)."""
+    out = {}
+    for line in prog.text.splitlines():
+        m = ps._INSTR.match(line)
+        if not m:
+            continue
+        op, rest = ps._opcode(line[m.end():])
+        sf = re.search(r"stack_frame_id=(\d+)", rest)
+        stack = prog.funcs(int(sf.group(1))) if sf else []
+        phase = ps.phase_of(stack) if stack or op == "copy" else "other XLA operations (no source)"
+        out[m.group(1)] = (op, phase, rest)
+    return out
+
+
+def loop_instructions(prog: ps.Program) -> dict:
+    """The `while` instructions whose executions count the trips of the step loop and of
+    the Newton loop: a trace records one event per execution of a `while` (not per
+    iteration), so the step loop's trips are the executions of the Newton loop (issued
+    once per attempt) and the Newton iterations those of the loops nested directly in
+    its body (`maybe_update`, once per iteration; XLA may split it in several)."""
+    def whiles_in(comps):
+        return [name for c in comps for name, op, _ in _named(prog, c) if op == "while"]
+
+    out = {}
+    for name, called in ps.step_loops(prog):
+        if name != "step loop":
+            continue
+        newton = whiles_in(called)
+        out["step loop"] = newton
+        bodies = [c for line in prog.text.splitlines()
+                  if (m := ps._INSTR.match(line)) and m.group(1) in newton
+                  for c in ps._called(*ps._opcode(line[m.end():]))]
+        out["newton_solve"] = whiles_in(bodies)
+    return out
+
+
+def _named(prog: ps.Program, comp: str):
+    """[(instruction name, opcode, text)] of one computation."""
+    out, inside = [], False
+    for line in prog.text.splitlines():
+        if not line.startswith(" ") and line.rstrip().endswith("{") and "(" in line:
+            inside = line.split("(", 1)[0].split()[-1].lstrip("%") == comp
+            continue
+        m = ps._INSTR.match(line)
+        if inside and m:
+            op, rest = ps._opcode(line[m.end():])
+            out.append((m.group(1), op, rest))
+    return out
+
+
+def trace_events(compiled, x):
+    """[(instruction name, duration ns)] of one traced run's thunks."""
+    d = tempfile.mkdtemp(prefix="profile_batch_")
+    try:
+        with jax.profiler.trace(d):
+            jax.block_until_ready(compiled(x))
+        pd = jax.profiler.ProfileData.from_file(
+            glob.glob(d + "/**/*.xplane.pb", recursive=True)[0])
+        return [(ev.name, ev.duration_ns) for plane in pd.planes for line in plane.lines
+                for ev in line.events]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def timed(compiled, x, repeats):
+    jax.block_until_ready(compiled(x))
+    walls, cpus = [], []
+    for _ in range(repeats):
+        t, c = time.perf_counter(), time.process_time()
+        jax.block_until_ready(compiled(x))
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def profile(label, fn, x, repeats, top):
+    compiled = jax.jit(fn).lower(x).compile()
+    prog = ps.Program(compiled)
+    phases = instruction_phases(prog)
+    loops = loop_instructions(prog)
+    _, steps = compiled(x)
+    steps = np.atleast_1d(np.asarray(steps))
+    wall, cpu = timed(compiled, x, repeats)
+    events = trace_events(compiled, x)
+    runs = Counter(n for n, _ in events)
+    trips = {k: max((runs[n] for n in v), default=0) for k, v in loops.items()}
+    by_phase, count, per_instr = Counter(), Counter(), Counter()
+    for name, dur in events:
+        if name not in phases or phases[name][0] in NESTED:
+            continue
+        by_phase[phases[name][1]] += dur
+        count[phases[name][1]] += 1
+        per_instr[name] += dur
+    ynn = sum(1 for op, _, rest in phases.values() if "__ynn_fusion" in rest)
+    st = trips.get("step loop", 0)
+    print(f"\n## {label}\n")
+    print(f"steps per member {steps.min()}–{steps.max()} (total {steps.sum()}); step-loop "
+          f"trips {st}, Newton iterations {trips.get('newton_solve', 0)} "
+          f"({trips.get('newton_solve', 0) / max(st, 1):.2f} per trip); program "
+          f"{prog.size()[0]} HLO instructions, {prog.size()[1]} thunks; YNNPACK fusions {ynn}")
+    print(f"without the profiler: wall {1e3 * wall:.1f} ms, process time {1e3 * cpu:.1f} ms "
+          f"→ {1e6 * cpu / max(st, 1):.1f} µs (CPU) per trip, "
+          f"{1e6 * cpu / steps.sum():.2f} µs per member-step (load "
+          f"{os.getloadavg()[0]:.1f})")
+    for name, called in ps.step_loops(prog):
+        if name != "step loop":
+            continue
+        tot = Counter()
+        for c in ps.profile_loop(prog, called)["phases"].values():
+            tot.update(c)
+        print(f"step-loop thunks: {tot['every attempt']} every trip, "
+              f"{tot['per Newton iteration']} per Newton iteration, "
+              f"{tot['when taken'] + tot['per Newton iteration, when taken']} when taken")
+    total = sum(by_phase.values())
+    print("\n| phase | thunks run per trip | µs per trip (profiled) | share |")
+    print("|---|---|---|---|")
+    for k, v in by_phase.most_common():
+        if v < 0.002 * total:
+            continue
+        print(f"| {k} | {count[k] / max(st, 1):.1f} | {v / 1e3 / max(st, 1):.1f} | "
+              f"{100 * v / total:.0f} % |")
+    if top:
+        print(f"\nthe {top} dearest thunks (µs per run, profiled):\n")
+        for name, v in per_instr.most_common(top):
+            _, phase, rest = phases[name]
+            print(f"- {name} ({phase}): {v / 1e3 / runs[name]:.2f} µs × {runs[name]} — "
+                  f"{rest[:110]}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", type=int, default=256, help="members (default 256)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--top", type=int, default=12, help="list the dearest thunks")
+    a = ap.parse_args()
+    prob = problems.robertson()
+    solve = peers.daeadjoint_solve(prob)
+    print(f"# Batched step profile — jax {jax.__version__}, {os.cpu_count()} CPUs, load "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    profile("unbatched solve (p1 = 0.04)", solve, jnp.asarray(prob.args), a.repeats, a.top)
+    profile(f"jit(vmap(solve)), {a.n} members", jax.vmap(solve),
+            jnp.asarray(prob.batch_args(a.n)), a.repeats, a.top)
+
+
+if __name__ == "__main__":
+    main()
