@@ -156,6 +156,9 @@ class State(eqx.Module):
     # An error-test failure since the order selection last kept the order after k + 1
     # steps at constant step size (see the recovery rule in attempt_step).
     recovering: Bool[Array, ""]
+    # (norm, h, t_n, k) of the last attempt that failed the error test on the algebraic
+    # sensitivities alone (zeros before any), or None: see `sensitivity_jump`.
+    sens_jump: Float[Array, "4"] | None
     stats: dict
     result: Any
 
@@ -336,6 +339,8 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
         h_nan=jnp.zeros((), dtype), fresh=jnp.ones((), bool),
         restart_pending=None if problem.breakpoints is None else jnp.zeros((), bool),
         recovering=jnp.zeros((), bool),
+        sens_jump=(None if problem.sens is None or problem.sens.algebraic is None
+                   else jnp.zeros((4,), dtype)),
         stats=stats, result=RESULTS.successful,
     )
 
@@ -540,6 +545,67 @@ def error_test(problem: Problem, weights: Weights, coef: Coefficients, hist: Par
                       (k == 2) & (terr_km1 <= 0.5 * terr_k))
     return ErrorTest(norm_k=norm_k, err_k=err_k, err_km1=err_km1, terr_k=terr_k,
                      terr_km1=terr_km1, k_new=jnp.where(lower, k - 1, k))
+
+
+# A jump of the algebraic sensitivities is recognized when their estimate fell by less
+# than JUMP_RATIO while h fell to at most JUMP_STEP of the last failure's
+# (`sensitivity_jump`).
+JUMP_RATIO = 0.5
+JUMP_STEP = 0.26
+
+
+def sensitivity_jump(problem: Problem, s: State, weights: Weights, coef: Coefficients,
+                     hist: Parts, corr: Parts, test: ErrorTest, failing, t_new, h, k):
+    """Whether a step that fails the error test (`failing`) only on the algebraic
+    components of the forward sensitivities is stepping over a jump of theirs, which
+    no step size resolves: (jump, the record for `State.sens_jump`, the error test to
+    use).
+
+    Where the residual has a kink along the solution (`jnp.maximum`, `abs`, a
+    `jnp.where` switching continuously on the state), an algebraic variable z = φ(x)
+    has a kink too, which steps resolve (its BDF error estimate shrinks like h), but its
+    sensitivity s_z = φ'(x) s_x jumps: the estimate of a jump does not shrink with h at
+    all, and the full error control (IDAS's) drove the step size to underflow where the
+    solution itself passes (the Test Set's water tube, whose friction factors switch
+    from the laminar to the turbulent law, stopped with `step_size_too_small`). The
+    value of s_z at t_n needs no history: it is fixed by s_x(t_n) through the algebraic
+    equations, which the corrector solves at t_n, so stepping over the jump costs no
+    accuracy at the steps (only the interpolant across that one step is off).
+
+    A jump is recognized when (a) the state, the quadratures and the differential
+    sensitivities pass the test and only the error-tested algebraic sensitivities fail
+    it, and the last attempt that failed that way (b) ended past this one's end, at
+    the same order, with a step at least 1/`JUMP_STEP` times this one, and (c) had a
+    correction norm less than 1/`JUMP_RATIO` times this one's: over a quarter of the
+    step, a smooth component's estimate falls like h^(k+1) (≥ 16x), a kink's like h
+    (4x); a jump's stays. (The steps approach the jump from both sides of it: attempts
+    that end before it pass, those over it fail with the step cut by 4.) The step is
+    then accepted with those components out of its test (and out of the next step
+    size's choice), and their differences in the history are dropped
+    (`_forget_differences`)."""
+    sens = problem.sens
+    assert sens is not None and sens.algebraic is not None and s.sens_jump is not None
+    assert corr.s is not None and weights.s is not None
+    tested = sens.algebraic * problem.error_mask
+    alg_norm = jnp.max(jax.vmap(wrms)(corr.s, weights.s * tested))
+    smooth = corr._replace(s=corr.s * (1.0 - tested))
+    hist_smooth = hist._replace(s=jax.tree_util.tree_map(lambda r: r * (1.0 - tested), hist.s))
+    test_smooth = error_test(problem, weights, coef, hist_smooth, smooth, k)
+    alg_only = failing & (coef.ck * test_smooth.norm_k <= 1.0)
+    last_norm, last_h, last_t, last_k = s.sens_jump
+    jump = (alg_only & (last_norm > 0) & (t_new <= last_t) & (k == last_k)
+            & (h <= JUMP_STEP * last_h) & (alg_norm >= JUMP_RATIO * last_norm))
+    record = jnp.where(alg_only & ~jump,
+                       jnp.stack([alg_norm, h, t_new, k.astype(h.dtype)]), s.sens_jump)
+    return jump, record, jax.tree_util.tree_map(lambda a, b: jnp.where(jump, a, b),
+                                                test_smooth, test)
+
+
+def _forget_differences(phi, keep):
+    """The history with rows 1.. multiplied by `keep` (n,) (row 0, the value, kept)."""
+    if isinstance(phi, tuple):
+        return (phi[0],) + tuple(row * keep for row in phi[1:])
+    return phi.at[1:].multiply(keep)
 
 
 class NextStep(NamedTuple):
@@ -771,6 +837,12 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     test = error_test(problem, weights, coef, hist, corr, k)
     passed = (converged & (coef.ck * test.norm_k <= 1.0) & (t_new > s.t)
               & ~newton.mask_violated)
+    jump = jump_record = None
+    if s.sens_jump is not None:
+        jump, jump_record, test = sensitivity_jump(
+            problem, s, weights, coef, hist, corr, test,
+            converged & (t_new > s.t) & ~newton.mask_violated & ~passed, t_new, h, k)
+        passed = passed | jump
     accept = select_order_and_step(problem, s, weights, coef, hist, corr, test, h, k)
     failure = handle_failure(problem, s, corrector, test, converged, passed, redo, h, k)
     at_min_step = h <= problem.min_step * (1 + 4 * uround)
@@ -783,6 +855,12 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
 
     # --- the two outcomes -------------------------------------------------------------
     new_hist = hist.map(lambda phi, c: complete_history(phi, c, k), corr).fill(source)
+    if jump is not None and sens is not None and sens.algebraic is not None:
+        # Over a jump the algebraic sensitivities' differences hold the jump, not their
+        # variation: keep their value only (the next predictor holds it constant), as
+        # a restart would.
+        keep = jnp.where(jump, 1.0 - sens.algebraic, 1.0)
+        new_hist = new_hist._replace(s=_forget_differences(new_hist.s, keep))
     accepted_state = State(
         t=t_new, h=accept.h, h_used=h, k=accept.k, k_used=k, ns=coef.ns, phase=accept.phase,
         phi=new_hist.y, phiq=new_hist.q, phis=new_hist.s, phiqs=new_hist.sq,
@@ -794,7 +872,9 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         h_nan=jnp.where(h >= s.h_nan, 0.0, s.h_nan), fresh=jnp.zeros((), bool),
         restart_pending=(None if problem.breakpoints is None
                          else jnp.any(problem.breakpoints == t_new)),
-        recovering=accept.still_recovering | (s.nef > 0), stats=stats, result=result,
+        recovering=accept.still_recovering | (s.nef > 0),
+        sens_jump=jump_record,
+        stats=stats, result=result,
     )
     nan_fail = failure.conv_fail & (newton.fail_kind == FAIL_NONFINITE)
     rejected_state = State(
@@ -808,6 +888,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         nef=jnp.where(failure.conv_fail, s.nef, failure.nef), ncf=failure.ncf,
         npress=s.npress, h_nan=jnp.where(nan_fail, h, s.h_nan), fresh=s.fresh,
         restart_pending=s.restart_pending, recovering=s.recovering | failure.error_fail,
+        sens_jump=jump_record,
         stats=stats, result=result,
     )
     # Both outcomes share the Newton's factorization: select everything else, not the

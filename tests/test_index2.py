@@ -123,6 +123,76 @@ def test_tube_rtol_1e8_first_step_rtol():
     assert tube.scd(np.asarray(sol.ys[-1])) >= 3.5
 
 
+def linear_kinked(t, y, yp, a):
+    """`linear` with the constraint 0 = x1 − a sin t and an index-1 algebraic
+    w = max(x1, 1/2) beside it, whose sensitivity jumps where a sin t crosses 1/2."""
+    return jnp.concatenate([linear(t, y[:3], yp[:3], None).at[2].add(jnp.sin(t) * (1.0 - a)),
+                            (y[3] - jnp.maximum(y[0], 0.5))[None]])
+
+
+def test_index2_sensitivities_across_a_kink():
+    """jacfwd with respect to a of `linear_kinked` across the two kinks of w (t = π/6,
+    5π/6 for a = 1). Closed form: x1 = a sin t, z = a cos t + x2, x2' = a cos t − x2
+    with x2(0) = 1, so ∂x1/∂a = sin t, ∂x2/∂a = (cos t + sin t − e^{−t})/2,
+    ∂z/∂a = cos t + ∂x2/∂a, ∂w/∂a = [sin t > 1/2] sin t — a jump of 1/2 at each kink,
+    where the full error control stopped with `step_size_too_small` (the solve itself
+    succeeds). Bounds of the module docstring (w, index-1 algebraic, fixed by x1: the
+    differential variables' bound)."""
+    rtol = 1e-8
+    ts = np.array([0.3, 1.5, 3.0])
+    y0, yp0 = linear_exact(np.array(0.0))
+    y0, yp0 = jnp.append(jnp.asarray(y0), 0.5), jnp.append(jnp.asarray(yp0), 0.0)
+
+    def f(a):
+        return dae.solve(linear_kinked, 0.0, 3.0, y0, yp0, a, saveat=jnp.asarray(ts),
+                         algebraic=np.array([False, False, True, True]),
+                         index2=np.array([False, False, True, False]), rtol=rtol,
+                         atol=rtol).ys
+
+    J = np.asarray(jax.jacfwd(f)(1.0))
+    dx2 = (np.cos(ts) + np.sin(ts) - np.exp(-ts)) / 2
+    exact = np.stack([np.sin(ts), dx2, np.cos(ts) + dx2,
+                      np.where(np.sin(ts) > 0.5, np.sin(ts), 0.0)], 1)
+    err = np.abs(J - exact)
+    assert np.max(err[:, [0, 1, 3]]) <= 100 * rtol, np.max(err[:, [0, 1, 3]]) / rtol
+    assert np.max(err[:, 2]) <= 1000 * rtol, np.max(err[:, 2]) / rtol
+
+
+# ~1-2 min: n = 49 with a sensitivity, and six solves at rtol 1e-10 for the differences;
+# the default suite keeps the same jump on small problems (above, and in
+# test_transformations.py).
+@pytest.mark.slow
+def test_tube_forward_sensitivity_across_flow_regime_switches():
+    """d y(T)/d b (the buffers' capacity) of the water tube by jacfwd at rtol 1e-6. Each
+    tube switches from the laminar to the turbulent friction law where its Reynolds
+    number passes 2300; there the friction factor (index-1 algebraic) has a kink and its
+    sensitivity jumps (at t = 12207.8 s by 61 in the error weights), which stopped the
+    full error control with `step_size_too_small` where the forward solve succeeds.
+    Against central differences of solves at rtol 1e-10 (step 1e-3 b: truncation
+    ~1e-6 relative; measured agreement of the differences at 1e-8 and 1e-10: 8e-4),
+    on the pressures (the derivative's size, 6.6, is theirs; the flows' derivatives at
+    T, ~1e-7, are below the differences' noise). Bound: 1000·rtol of the pressures'
+    derivative, the index-2 variables' bound of the module docstring (measured 8e-5).
+
+    (The friction law's switch also makes φ' jump, whose switching-time term no
+    sensitivity through a `jnp.where` sees; at T it is below this bound.)"""
+    y0, yp0 = tube.initial(tube.p)
+    b0 = tube.p["b"]
+
+    def final(b, rtol):
+        return dae.solve(tube.residual, tube.t0, tube.t1, y0, yp0, tube.params(b=b),
+                         algebraic=tube.algebraic, index2=tube.index2, rtol=rtol,
+                         atol=rtol).ys[-1]
+
+    J = np.asarray(jax.jacfwd(lambda b: final(b, 1e-6))(jnp.asarray(b0)))
+    db = 1e-3 * b0
+    fd = (np.asarray(final(jnp.asarray(b0 + db), 1e-10))
+          - np.asarray(final(jnp.asarray(b0 - db), 1e-10))) / (2 * db)
+    pres = slice(36, 49)
+    err = np.max(np.abs(J[pres] - fd[pres])) / np.max(np.abs(fd[pres]))
+    assert err <= 1000 * 1e-6, err
+
+
 def test_tube_undeclared_singular_at_small_h():
     """Without `index2` the same start is refused clearly (not solved wrongly), with a
     message that says how to declare it."""
