@@ -420,6 +420,61 @@ def test_pendulum_parameter_derivatives(mode):
     _check_derivative(J, ref, [4])
 
 
+def pendulum_mass(t, y, yp, args):
+    """The pendulum of mass m in index-2 form: m u' = −λ x, m v' = −λ y − m g, with the
+    velocity constraint x u + y v = 0 at λ's index. λ = m (θ'² + (g/L) cos θ) is the
+    rod force over L: proportional to m, while the motion does not depend on m."""
+    m, g = args
+    x, yy, u, v, lam = y
+    return jnp.stack([yp[0] - u, yp[1] - v, m * yp[2] + lam * x, m * yp[3] + lam * yy + m * g,
+                      x * u + yy * v])
+
+
+MASS = 2.5
+
+
+def pendulum_mass_objective(q, rtol=DERIV_RTOL, sensitivity=None):
+    """λ(T) + x(T) of the pendulum of mass m from rest at θ0, radius L; q = (θ0, L, m)."""
+    theta0, length, m = q[0], q[1], q[2]
+    y0 = pendulum_of(theta0, 0.0 * theta0, length, G) * jnp.array([1.0, 1, 1, 1, 0]) \
+        + jnp.array([0.0, 0, 0, 0, 1]) * m * (G / length) * jnp.cos(theta0)
+    acc = -(G / length) * jnp.sin(theta0)
+    yp0 = jnp.stack([0.0 * acc, 0.0 * acc, length * jnp.cos(theta0) * acc,
+                     length * jnp.sin(theta0) * acc, 0.0 * acc])
+    yT = dae.solve(pendulum_mass, 0.0, T_DERIV, y0, yp0, (m, G), index2=PENDULUM_INDEX2,
+                   rtol=rtol, atol=rtol, sensitivity=sensitivity).ys[-1]
+    return yT[4] + yT[0]
+
+
+# The continuous adjoint's variant (~70 s at load 10, 12-148 rtol off the reference;
+# jacfwd 16 rtol) to --runslow: the default suite keeps that adjoint on the pendulum's
+# other parameters (test_pendulum_parameter_derivatives).
+@pytest.mark.parametrize("mode", ["jacfwd", pytest.param("grad", marks=pytest.mark.slow)])
+def test_pendulum_mass_derivatives(mode):
+    """d(λ(T) + x(T))/d(θ0, L, m) for the pendulum of mass m = 2.5 by forward
+    sensitivities and by the continuous adjoint (grad's default, without its fallback).
+    Reference: the angle ODE's variational equations (λ = m λ₁ with λ₁ the unit-mass
+    force, x independent of m): m ∂λ₁/∂q + ∂x/∂q for θ0 and L, and λ₁(T) for m.
+    Bound: 1000·DERIV_RTOL of the derivative's size (the objective holds λ, an index-2
+    variable: the module docstring's bound). The m column also against central
+    differences of two solves at rtol 1e-11 with step 0.1 m: λ is linear in m, so the
+    difference has no truncation error, and its noise is the solves' error over the
+    step, ~100·1e-11·|λ|/(0.2 m) ≈ 1e-9 — the same bound covers it."""
+    q = jnp.array([THETA0, L, MASS])
+    f = lambda q_: pendulum_mass_objective(q_, sensitivity=CONTINUOUS)   # noqa: E731
+    J = np.asarray(jax.jacfwd(f)(q) if mode == "jacfwd" else jax.grad(f)(q))
+    ref1 = pendulum_final_jacobian(THETA0, 0.0, L, G, T_DERIV)     # (5, (θ0, θ'0, L, g))
+    th, om = angle_ode_sensitivities(THETA0, 0.0, L, G, T_DERIV)[:2]
+    lam1 = om ** 2 + (G / L) * np.cos(th)
+    ref = np.array([MASS * ref1[4, 0] + ref1[0, 0], MASS * ref1[4, 2] + ref1[0, 2], lam1])
+    scale = np.max(np.abs(ref))
+    assert np.max(np.abs(J - ref)) <= 1000 * DERIV_RTOL * scale, np.abs(J - ref) / scale
+    dm = 0.1 * MASS
+    fd = (float(pendulum_mass_objective(q.at[2].add(dm), rtol=1e-11))
+          - float(pendulum_mass_objective(q.at[2].add(-dm), rtol=1e-11))) / (2 * dm)
+    assert abs(J[2] - fd) <= 1000 * DERIV_RTOL * scale, abs(J[2] - fd) / scale
+
+
 # ~1 min (13 solves at rtol 1e-11); the default suite checks the same derivatives against
 # the angle ODE's variational equations (test_pendulum_parameter_derivatives).
 @pytest.mark.slow
