@@ -726,8 +726,8 @@ def updated_stats(problem: Problem, s: State, newton: NewtonResult, linear_stats
     return stats
 
 
-def status(s: State, corrector: Corrector, failure: Failure, passed, npress, at_min_step,
-           h_next, t_new, too_accurate):
+def status(problem: Problem, s: State, corrector: Corrector, failure: Failure, passed, npress,
+           at_min_step, h_next, t_new, too_accurate):
     """The attempt's `RESULTS`: IDAS gives up after maxncf convergence or maxnef
     error-test failures in one step, or at once when a step already at the minimum step
     size fails; the other statuses name what the step sizes collapsed on."""
@@ -743,8 +743,13 @@ def status(s: State, corrector: Corrector, failure: Failure, passed, npress, at_
     at_edge = s.h_nan > 0
     fail_kind = jnp.where(at_edge & (newton.fail_kind == FAIL_SINGULAR), FAIL_NONFINITE,
                           newton.fail_kind)
+    # A matrix-free solver's preconditioner sees J with the index-2 columns unscaled
+    # (`_newton.newton_solve`), singular at small h however well posed the DAE is.
+    singular = (RESULTS.singular_unscaled_index2
+                if problem.index2 is not None and problem.linear_solver.matrix_free
+                else RESULTS.singular_matrix)
     conv_result = where(corrector.constraint_fail, RESULTS.constraint_failures,
-                        where(fail_kind == FAIL_SINGULAR, RESULTS.singular_matrix,
+                        where(fail_kind == FAIL_SINGULAR, singular,
                               where(fail_kind == FAIL_NONFINITE, RESULTS.nonfinite_residual,
                                     where(fail_kind == FAIL_LINEAR,
                                           RESULTS.linear_solver_failures,
@@ -850,7 +855,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
                          source).fill(source)
     stats = updated_stats(problem, s, newton, linear_stats, sens_residual_evals, passed, failure)
     npress = None if s.npress is None else jnp.where(corrector.pressing, s.npress + 1, 0)
-    result = status(s, corrector, failure, passed, npress, at_min_step,
+    result = status(problem, s, corrector, failure, passed, npress, at_min_step,
                     jnp.where(passed, accept.h, failure.h), t_new, too_accurate)
 
     # --- the two outcomes -------------------------------------------------------------

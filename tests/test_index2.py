@@ -123,6 +123,36 @@ def test_tube_rtol_1e8_first_step_rtol():
     assert tube.scd(np.asarray(sol.ys[-1])) >= 3.5
 
 
+def test_krylov_small_first_step_fails_clearly():
+    """Krylov with index2: its operator and its preconditioner see J with the index-2
+    columns unscaled, whose Schur complement in z is ~h: from h0 = 1e-16 the
+    preconditioner's LU is singular, where DenseLU (columns scaled) starts and solves
+    `linear` (159-163 steps, within the bounds of the module docstring from h0 = 1e-14
+    and 1e-16). Refused with a status that names that cause (before: `singular_matrix`,
+    whose message said to declare `index2`, which was declared)."""
+    y0, yp0 = linear_exact(np.array(0.0))
+    sol = dae.solve(linear, 0.0, 5.0, jnp.asarray(y0), jnp.asarray(yp0), index2=LINEAR_INDEX2,
+                    rtol=1e-8, atol=1e-8, first_step=1e-16,
+                    linear_solver=dae.Krylov(preconditioner=dae.DenseLU()), throw=False)
+    assert sol.result == dae.RESULTS.singular_unscaled_index2
+    assert "first_step" in str(dae.RESULTS.singular_unscaled_index2)
+
+
+@pytest.mark.slow   # ~1 min at load 10 (n = 49, Krylov's own compilation); above on `linear`
+def test_tube_krylov_small_first_step_fails_clearly():
+    """The same on the water tube from the Test Set's h0 = rtol = 1e-8, which DenseLU
+    starts and solves (above). Where the steps stay larger Krylov(DenseLU()) solves the
+    tube (rtol 1e-6: 2.3 digits, 275 steps; 1e-8 from the default first step: 3.0
+    digits, 1888 steps)."""
+    y0, yp0 = tube.initial(tube.p)
+    sol = dae.solve(tube.residual, tube.t0, tube.t1, y0, yp0, tube.params(),
+                    algebraic=tube.algebraic, index2=tube.index2, rtol=1e-8, atol=1e-8,
+                    first_step=1e-8, linear_solver=dae.Krylov(preconditioner=dae.DenseLU()),
+                    throw=False, max_steps=50)
+    assert sol.result == dae.RESULTS.singular_unscaled_index2
+    assert "first_step" in str(dae.RESULTS.singular_unscaled_index2)
+
+
 def linear_kinked(t, y, yp, a):
     """`linear` with the constraint 0 = x1 − a sin t and an index-1 algebraic
     w = max(x1, 1/2) beside it, whose sensitivity jumps where a sin t crosses 1/2."""
