@@ -381,18 +381,35 @@ class Weights(NamedTuple):
     sq: Array | None          # the quadrature sensitivities' (k, nq), or None
 
 
-def error_norm(problem: Problem, weights: Weights, v: Parts):
+def error_norm(problem: Problem, weights: Weights, v: Parts, split: bool = False):
     """WRMS norm (IDAS manual eq. (6.5)) of a correction-like `Parts`: the largest over
     the parts under error control (IDAS's combined norm; the stacked adjoint problems,
-    `error_groups`, each by its own)."""
+    `error_groups`, each by its own).
+
+    `split` (with the sensitivities' `algebraic` mask): (the norm, the norm without the
+    sensitivities' algebraic components, the largest norm of those alone), for
+    `sensitivity_jump`. A WRMS norm squared is additive over disjoint components, so
+    each direction's norm is √(d² + a²) of its two parts."""
     nrm = grouped_wrms(v.y, weights.error, problem.error_groups)
     if problem.quad_error_control and v.q is not None:
         nrm = jnp.maximum(nrm, grouped_wrms(v.q, weights.q, problem.error_groups))
     sens = problem.sens
+    smooth = alg = None
     if sens is not None and sens.error_control and v.s is not None and weights.s is not None:
-        nrm = jnp.maximum(nrm, jnp.max(jax.vmap(wrms)(v.s, weights.s * problem.error_mask)))
+        if split and sens.algebraic is not None:
+            w = weights.s * problem.error_mask
+            d = jax.vmap(wrms)(v.s, w * (1.0 - sens.algebraic))
+            a = jax.vmap(wrms)(v.s, w * sens.algebraic)
+            smooth, alg = jnp.maximum(nrm, jnp.max(d)), jnp.max(a)
+            nrm = jnp.maximum(nrm, jnp.max(jnp.sqrt(d * d + a * a)))
+        else:
+            nrm = jnp.maximum(nrm, jnp.max(jax.vmap(wrms)(v.s, weights.s * problem.error_mask)))
         if problem.quad_error_control and v.sq is not None:
-            nrm = jnp.maximum(nrm, jnp.max(jax.vmap(wrms)(v.sq, weights.sq)))
+            sq = jnp.max(jax.vmap(wrms)(v.sq, weights.sq))
+            nrm = jnp.maximum(nrm, sq)
+            smooth = None if smooth is None else jnp.maximum(smooth, sq)
+    if split:
+        return nrm, smooth, alg
     return nrm
 
 
@@ -522,6 +539,10 @@ class ErrorTest(NamedTuple):
     terr_k: Array        # … and the terms (k + 1) err_k, k err_{k−1}
     terr_km1: Array
     k_new: Int[Array, ""]   # k − 1 where the estimates favour lowering the order
+    # ‖·‖ without the sensitivities' algebraic components, and of those alone (None
+    # without the `algebraic` mask of the sensitivities): `sensitivity_jump`.
+    norm_smooth: Array | None = None
+    norm_alg: Array | None = None
 
 
 def error_test(problem: Problem, weights: Weights, coef: Coefficients, hist: Parts,
@@ -532,7 +553,7 @@ def error_test(problem: Problem, weights: Weights, coef: Coefficients, hist: Par
     lowered when max(T_{k−1}, T_{k−2}) ≤ T_k (k > 2), or T_{k−1} ≤ T_k/2 (k = 2), with
     T_j = (j + 1) σ_j ‖·‖ (IDAS `IDATestError`)."""
     sigma = coef.sigma
-    norm_k = error_norm(problem, weights, corr)
+    norm_k, norm_smooth, norm_alg = error_norm(problem, weights, corr, split=True)
     err_k = _at(sigma, k) * norm_k
     terr_k = (k + 1) * err_k
     diff1 = hist.map(lambda h_, c: history_row(h_, k) + c, corr)
@@ -544,7 +565,8 @@ def error_test(problem: Problem, weights: Weights, coef: Coefficients, hist: Par
     lower = jnp.where(k > 2, jnp.maximum(terr_km1, terr_km2) <= terr_k,
                       (k == 2) & (terr_km1 <= 0.5 * terr_k))
     return ErrorTest(norm_k=norm_k, err_k=err_k, err_km1=err_km1, terr_k=terr_k,
-                     terr_km1=terr_km1, k_new=jnp.where(lower, k - 1, k))
+                     terr_km1=terr_km1, k_new=jnp.where(lower, k - 1, k),
+                     norm_smooth=norm_smooth, norm_alg=norm_alg)
 
 
 # A jump of the algebraic sensitivities is recognized when their estimate fell by less
@@ -554,8 +576,8 @@ JUMP_RATIO = 0.5
 JUMP_STEP = 0.26
 
 
-def sensitivity_jump(problem: Problem, s: State, weights: Weights, coef: Coefficients,
-                     hist: Parts, corr: Parts, test: ErrorTest, failing, t_new, h, k):
+def sensitivity_jump(problem: Problem, s: State, coef: Coefficients, test: ErrorTest,
+                     failing, t_new, h, k):
     """Whether a step that fails the error test (`failing`) only on the algebraic
     components of the forward sensitivities is stepping over a jump of theirs, which
     no step size resolves: (jump, the record for `State.sens_jump`, the error test to
@@ -580,25 +602,22 @@ def sensitivity_jump(problem: Problem, s: State, weights: Weights, coef: Coeffic
     step, a smooth component's estimate falls like h^(k+1) (≥ 16x), a kink's like h
     (4x); a jump's stays. (The steps approach the jump from both sides of it: attempts
     that end before it pass, those over it fail with the step cut by 4.) The step is
-    then accepted with those components out of its test (and out of the next step
-    size's choice), and their differences in the history are dropped
+    then accepted on the estimate without those components, at the same order (no
+    order change is judged on it), and their differences in the history are dropped
     (`_forget_differences`)."""
-    sens = problem.sens
-    assert sens is not None and sens.algebraic is not None and s.sens_jump is not None
-    assert corr.s is not None and weights.s is not None
-    tested = sens.algebraic * problem.error_mask
-    alg_norm = jnp.max(jax.vmap(wrms)(corr.s, weights.s * tested))
-    smooth = corr._replace(s=corr.s * (1.0 - tested))
-    hist_smooth = hist._replace(s=jax.tree_util.tree_map(lambda r: r * (1.0 - tested), hist.s))
-    test_smooth = error_test(problem, weights, coef, hist_smooth, smooth, k)
-    alg_only = failing & (coef.ck * test_smooth.norm_k <= 1.0)
+    assert s.sens_jump is not None and test.norm_smooth is not None
+    assert test.norm_alg is not None
+    alg_only = failing & (coef.ck * test.norm_smooth <= 1.0)
     last_norm, last_h, last_t, last_k = s.sens_jump
     jump = (alg_only & (last_norm > 0) & (t_new <= last_t) & (k == last_k)
-            & (h <= JUMP_STEP * last_h) & (alg_norm >= JUMP_RATIO * last_norm))
+            & (h <= JUMP_STEP * last_h) & (test.norm_alg >= JUMP_RATIO * last_norm))
     record = jnp.where(alg_only & ~jump,
-                       jnp.stack([alg_norm, h, t_new, k.astype(h.dtype)]), s.sens_jump)
-    return jump, record, jax.tree_util.tree_map(lambda a, b: jnp.where(jump, a, b),
-                                                test_smooth, test)
+                       jnp.stack([test.norm_alg, h, t_new, k.astype(h.dtype)]), s.sens_jump)
+    err = _at(coef.sigma, k) * test.norm_smooth
+    inf = jnp.full_like(err, jnp.inf)
+    over = test._replace(norm_k=test.norm_smooth, err_k=err, err_km1=inf,
+                         terr_k=(k + 1) * err, terr_km1=inf, k_new=k)
+    return jump, record, jax.tree_util.tree_map(lambda a, b: jnp.where(jump, a, b), over, test)
 
 
 def _forget_differences(phi, keep):
@@ -845,7 +864,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     jump = jump_record = None
     if s.sens_jump is not None:
         jump, jump_record, test = sensitivity_jump(
-            problem, s, weights, coef, hist, corr, test,
+            problem, s, coef, test,
             converged & (t_new > s.t) & ~newton.mask_violated & ~passed, t_new, h, k)
         passed = passed | jump
     accept = select_order_and_step(problem, s, weights, coef, hist, corr, test, h, k)
