@@ -427,7 +427,9 @@ def _sensitivity_problem(config: Config, inputs: Inputs, tangents: "Tangents", k
     return SensitivityProblem(
         args_dot=tangents.args, atol=sensitivity_atol(probe.atol, nu),
         quad_atol=sensitivity_atol(jnp.broadcast_to(inputs.quad_atol, (nq,)), nu),
-        k=k, error_control=config.forward.error_control)
+        k=k, error_control=config.forward.error_control,
+        algebraic=(inputs.algebraic.astype(y0.dtype)
+                   if config.forward.error_control and not config.auto_split else None))
 
 
 def _tangent_outputs(config, inputs, tangents, k, outputs, events, dtype, n):

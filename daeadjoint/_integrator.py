@@ -156,6 +156,9 @@ class State(eqx.Module):
     # An error-test failure since the order selection last kept the order after k + 1
     # steps at constant step size (see the recovery rule in attempt_step).
     recovering: Bool[Array, ""]
+    # (norm, h, t_n, k) of the last attempt that failed the error test on the algebraic
+    # sensitivities alone (zeros before any), or None: see `sensitivity_jump`.
+    sens_jump: Float[Array, "4"] | None
     stats: dict
     result: Any
 
@@ -336,6 +339,8 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
         h_nan=jnp.zeros((), dtype), fresh=jnp.ones((), bool),
         restart_pending=None if problem.breakpoints is None else jnp.zeros((), bool),
         recovering=jnp.zeros((), bool),
+        sens_jump=(None if problem.sens is None or problem.sens.algebraic is None
+                   else jnp.zeros((4,), dtype)),
         stats=stats, result=RESULTS.successful,
     )
 
@@ -376,18 +381,35 @@ class Weights(NamedTuple):
     sq: Array | None          # the quadrature sensitivities' (k, nq), or None
 
 
-def error_norm(problem: Problem, weights: Weights, v: Parts):
+def error_norm(problem: Problem, weights: Weights, v: Parts, split: bool = False):
     """WRMS norm (IDAS manual eq. (6.5)) of a correction-like `Parts`: the largest over
     the parts under error control (IDAS's combined norm; the stacked adjoint problems,
-    `error_groups`, each by its own)."""
+    `error_groups`, each by its own).
+
+    `split` (with the sensitivities' `algebraic` mask): (the norm, the norm without the
+    sensitivities' algebraic components, the largest norm of those alone), for
+    `sensitivity_jump`. A WRMS norm squared is additive over disjoint components, so
+    each direction's norm is √(d² + a²) of its two parts."""
     nrm = grouped_wrms(v.y, weights.error, problem.error_groups)
     if problem.quad_error_control and v.q is not None:
         nrm = jnp.maximum(nrm, grouped_wrms(v.q, weights.q, problem.error_groups))
     sens = problem.sens
+    smooth = alg = None
     if sens is not None and sens.error_control and v.s is not None and weights.s is not None:
-        nrm = jnp.maximum(nrm, jnp.max(jax.vmap(wrms)(v.s, weights.s * problem.error_mask)))
+        if split and sens.algebraic is not None:
+            w = weights.s * problem.error_mask
+            d = jax.vmap(wrms)(v.s, w * (1.0 - sens.algebraic))
+            a = jax.vmap(wrms)(v.s, w * sens.algebraic)
+            smooth, alg = jnp.maximum(nrm, jnp.max(d)), jnp.max(a)
+            nrm = jnp.maximum(nrm, jnp.max(jnp.sqrt(d * d + a * a)))
+        else:
+            nrm = jnp.maximum(nrm, jnp.max(jax.vmap(wrms)(v.s, weights.s * problem.error_mask)))
         if problem.quad_error_control and v.sq is not None:
-            nrm = jnp.maximum(nrm, jnp.max(jax.vmap(wrms)(v.sq, weights.sq)))
+            sq = jnp.max(jax.vmap(wrms)(v.sq, weights.sq))
+            nrm = jnp.maximum(nrm, sq)
+            smooth = None if smooth is None else jnp.maximum(smooth, sq)
+    if split:
+        return nrm, smooth, alg
     return nrm
 
 
@@ -517,6 +539,10 @@ class ErrorTest(NamedTuple):
     terr_k: Array        # … and the terms (k + 1) err_k, k err_{k−1}
     terr_km1: Array
     k_new: Int[Array, ""]   # k − 1 where the estimates favour lowering the order
+    # ‖·‖ without the sensitivities' algebraic components, and of those alone (None
+    # without the `algebraic` mask of the sensitivities): `sensitivity_jump`.
+    norm_smooth: Array | None = None
+    norm_alg: Array | None = None
 
 
 def error_test(problem: Problem, weights: Weights, coef: Coefficients, hist: Parts,
@@ -527,7 +553,7 @@ def error_test(problem: Problem, weights: Weights, coef: Coefficients, hist: Par
     lowered when max(T_{k−1}, T_{k−2}) ≤ T_k (k > 2), or T_{k−1} ≤ T_k/2 (k = 2), with
     T_j = (j + 1) σ_j ‖·‖ (IDAS `IDATestError`)."""
     sigma = coef.sigma
-    norm_k = error_norm(problem, weights, corr)
+    norm_k, norm_smooth, norm_alg = error_norm(problem, weights, corr, split=True)
     err_k = _at(sigma, k) * norm_k
     terr_k = (k + 1) * err_k
     diff1 = hist.map(lambda h_, c: history_row(h_, k) + c, corr)
@@ -539,7 +565,66 @@ def error_test(problem: Problem, weights: Weights, coef: Coefficients, hist: Par
     lower = jnp.where(k > 2, jnp.maximum(terr_km1, terr_km2) <= terr_k,
                       (k == 2) & (terr_km1 <= 0.5 * terr_k))
     return ErrorTest(norm_k=norm_k, err_k=err_k, err_km1=err_km1, terr_k=terr_k,
-                     terr_km1=terr_km1, k_new=jnp.where(lower, k - 1, k))
+                     terr_km1=terr_km1, k_new=jnp.where(lower, k - 1, k),
+                     norm_smooth=norm_smooth, norm_alg=norm_alg)
+
+
+# A jump of the algebraic sensitivities is recognized when their estimate fell by less
+# than JUMP_RATIO while h fell to at most JUMP_STEP of the last failure's
+# (`sensitivity_jump`).
+JUMP_RATIO = 0.5
+JUMP_STEP = 0.26
+
+
+def sensitivity_jump(problem: Problem, s: State, coef: Coefficients, test: ErrorTest,
+                     failing, t_new, h, k):
+    """Whether a step that fails the error test (`failing`) only on the algebraic
+    components of the forward sensitivities is stepping over a jump of theirs, which
+    no step size resolves: (jump, the record for `State.sens_jump`, the error test to
+    use).
+
+    Where the residual has a kink along the solution (`jnp.maximum`, `abs`, a
+    `jnp.where` switching continuously on the state), an algebraic variable z = φ(x)
+    has a kink too, which steps resolve (its BDF error estimate shrinks like h), but its
+    sensitivity s_z = φ'(x) s_x jumps: the estimate of a jump does not shrink with h at
+    all, and the full error control (IDAS's) drove the step size to underflow where the
+    solution itself passes (the Test Set's water tube, whose friction factors switch
+    from the laminar to the turbulent law, stopped with `step_size_too_small`). The
+    value of s_z at t_n needs no history: it is fixed by s_x(t_n) through the algebraic
+    equations, which the corrector solves at t_n, so stepping over the jump costs no
+    accuracy at the steps (only the interpolant across that one step is off).
+
+    A jump is recognized when (a) the state, the quadratures and the differential
+    sensitivities pass the test and only the error-tested algebraic sensitivities fail
+    it, and the last attempt that failed that way (b) ended past this one's end, at
+    the same order, with a step at least 1/`JUMP_STEP` times this one, and (c) had a
+    correction norm less than 1/`JUMP_RATIO` times this one's: over a quarter of the
+    step, a smooth component's estimate falls like h^(k+1) (≥ 16x), a kink's like h
+    (4x); a jump's stays. (The steps approach the jump from both sides of it: attempts
+    that end before it pass, those over it fail with the step cut by 4.) The step is
+    then accepted on the estimate without those components, at the same order (no
+    order change is judged on it), and their differences in the history are dropped
+    (`_forget_differences`)."""
+    assert s.sens_jump is not None and test.norm_smooth is not None
+    assert test.norm_alg is not None
+    alg_only = failing & (coef.ck * test.norm_smooth <= 1.0)
+    last_norm, last_h, last_t, last_k = s.sens_jump
+    jump = (alg_only & (last_norm > 0) & (t_new <= last_t) & (k == last_k)
+            & (h <= JUMP_STEP * last_h) & (test.norm_alg >= JUMP_RATIO * last_norm))
+    record = jnp.where(alg_only & ~jump,
+                       jnp.stack([test.norm_alg, h, t_new, k.astype(h.dtype)]), s.sens_jump)
+    err = _at(coef.sigma, k) * test.norm_smooth
+    inf = jnp.full_like(err, jnp.inf)
+    over = test._replace(norm_k=test.norm_smooth, err_k=err, err_km1=inf,
+                         terr_k=(k + 1) * err, terr_km1=inf, k_new=k)
+    return jump, record, jax.tree_util.tree_map(lambda a, b: jnp.where(jump, a, b), over, test)
+
+
+def _forget_differences(phi, keep):
+    """The history with rows 1.. multiplied by `keep` (n,) (row 0, the value, kept)."""
+    if isinstance(phi, tuple):
+        return (phi[0],) + tuple(row * keep for row in phi[1:])
+    return phi.at[1:].multiply(keep)
 
 
 class NextStep(NamedTuple):
@@ -660,8 +745,8 @@ def updated_stats(problem: Problem, s: State, newton: NewtonResult, linear_stats
     return stats
 
 
-def status(s: State, corrector: Corrector, failure: Failure, passed, npress, at_min_step,
-           h_next, t_new, too_accurate):
+def status(problem: Problem, s: State, corrector: Corrector, failure: Failure, passed, npress,
+           at_min_step, h_next, t_new, too_accurate):
     """The attempt's `RESULTS`: IDAS gives up after maxncf convergence or maxnef
     error-test failures in one step, or at once when a step already at the minimum step
     size fails; the other statuses name what the step sizes collapsed on."""
@@ -677,8 +762,13 @@ def status(s: State, corrector: Corrector, failure: Failure, passed, npress, at_
     at_edge = s.h_nan > 0
     fail_kind = jnp.where(at_edge & (newton.fail_kind == FAIL_SINGULAR), FAIL_NONFINITE,
                           newton.fail_kind)
+    # A matrix-free solver's preconditioner sees J with the index-2 columns unscaled
+    # (`_newton.newton_solve`), singular at small h however well posed the DAE is.
+    singular = (RESULTS.singular_unscaled_index2
+                if problem.index2 is not None and problem.linear_solver.matrix_free
+                else RESULTS.singular_matrix)
     conv_result = where(corrector.constraint_fail, RESULTS.constraint_failures,
-                        where(fail_kind == FAIL_SINGULAR, RESULTS.singular_matrix,
+                        where(fail_kind == FAIL_SINGULAR, singular,
                               where(fail_kind == FAIL_NONFINITE, RESULTS.nonfinite_residual,
                                     where(fail_kind == FAIL_LINEAR,
                                           RESULTS.linear_solver_failures,
@@ -771,6 +861,12 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     test = error_test(problem, weights, coef, hist, corr, k)
     passed = (converged & (coef.ck * test.norm_k <= 1.0) & (t_new > s.t)
               & ~newton.mask_violated)
+    jump = jump_record = None
+    if s.sens_jump is not None:
+        jump, jump_record, test = sensitivity_jump(
+            problem, s, coef, test,
+            converged & (t_new > s.t) & ~newton.mask_violated & ~passed, t_new, h, k)
+        passed = passed | jump
     accept = select_order_and_step(problem, s, weights, coef, hist, corr, test, h, k)
     failure = handle_failure(problem, s, corrector, test, converged, passed, redo, h, k)
     at_min_step = h <= problem.min_step * (1 + 4 * uround)
@@ -778,11 +874,17 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
                          source).fill(source)
     stats = updated_stats(problem, s, newton, linear_stats, sens_residual_evals, passed, failure)
     npress = None if s.npress is None else jnp.where(corrector.pressing, s.npress + 1, 0)
-    result = status(s, corrector, failure, passed, npress, at_min_step,
+    result = status(problem, s, corrector, failure, passed, npress, at_min_step,
                     jnp.where(passed, accept.h, failure.h), t_new, too_accurate)
 
     # --- the two outcomes -------------------------------------------------------------
     new_hist = hist.map(lambda phi, c: complete_history(phi, c, k), corr).fill(source)
+    if jump is not None and sens is not None and sens.algebraic is not None:
+        # Over a jump the algebraic sensitivities' differences hold the jump, not their
+        # variation: keep their value only (the next predictor holds it constant), as
+        # a restart would.
+        keep = jnp.where(jump, 1.0 - sens.algebraic, 1.0)
+        new_hist = new_hist._replace(s=_forget_differences(new_hist.s, keep))
     accepted_state = State(
         t=t_new, h=accept.h, h_used=h, k=accept.k, k_used=k, ns=coef.ns, phase=accept.phase,
         phi=new_hist.y, phiq=new_hist.q, phis=new_hist.s, phiqs=new_hist.sq,
@@ -794,7 +896,9 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         h_nan=jnp.where(h >= s.h_nan, 0.0, s.h_nan), fresh=jnp.zeros((), bool),
         restart_pending=(None if problem.breakpoints is None
                          else jnp.any(problem.breakpoints == t_new)),
-        recovering=accept.still_recovering | (s.nef > 0), stats=stats, result=result,
+        recovering=accept.still_recovering | (s.nef > 0),
+        sens_jump=jump_record,
+        stats=stats, result=result,
     )
     nan_fail = failure.conv_fail & (newton.fail_kind == FAIL_NONFINITE)
     rejected_state = State(
@@ -808,6 +912,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
         nef=jnp.where(failure.conv_fail, s.nef, failure.nef), ncf=failure.ncf,
         npress=s.npress, h_nan=jnp.where(nan_fail, h, s.h_nan), fresh=s.fresh,
         restart_pending=s.restart_pending, recovering=s.recovering | failure.error_fail,
+        sens_jump=jump_record,
         stats=stats, result=result,
     )
     # Both outcomes share the Newton's factorization: select everything else, not the

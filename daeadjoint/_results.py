@@ -47,6 +47,14 @@ class RESULTS(eqx.Enumeration):
         "not determine the algebraic variables, or its Jacobian is not finite there. A "
         "Hessenberg index-2 DAE: declare its index-2 variables with `index2=`."
     )
+    singular_unscaled_index2 = (
+        "singular_unscaled_index2: with `index2` and the matrix-free `Krylov` solver, the "
+        "preconditioner is set up from the iteration matrix with its index-2 columns "
+        "unscaled (matrix-based solvers scale them by cj: docs/index2.md), whose pivots "
+        "of the index-2 variables shrink like the step size; at the step sizes tried it is "
+        "singular. Use a matrix-based solver (DenseLU, SparseLU, BandedLU) or a larger "
+        "`first_step`."
+    )
     nonfinite_residual = (
         "nonfinite_residual: the residual returned NaN or inf at every step size tried, or "
         "the step size collapsed at the edge of its domain (between NaN residuals beyond "

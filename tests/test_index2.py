@@ -123,6 +123,106 @@ def test_tube_rtol_1e8_first_step_rtol():
     assert tube.scd(np.asarray(sol.ys[-1])) >= 3.5
 
 
+def test_krylov_small_first_step_fails_clearly():
+    """Krylov with index2: its operator and its preconditioner see J with the index-2
+    columns unscaled, whose Schur complement in z is ~h: from h0 = 1e-16 the
+    preconditioner's LU is singular, where DenseLU (columns scaled) starts and solves
+    `linear` (159-163 steps, within the bounds of the module docstring from h0 = 1e-14
+    and 1e-16). Refused with a status that names that cause (before: `singular_matrix`,
+    whose message said to declare `index2`, which was declared)."""
+    y0, yp0 = linear_exact(np.array(0.0))
+    sol = dae.solve(linear, 0.0, 5.0, jnp.asarray(y0), jnp.asarray(yp0), index2=LINEAR_INDEX2,
+                    rtol=1e-8, atol=1e-8, first_step=1e-16,
+                    linear_solver=dae.Krylov(preconditioner=dae.DenseLU()), throw=False)
+    assert sol.result == dae.RESULTS.singular_unscaled_index2
+    assert "first_step" in str(dae.RESULTS.singular_unscaled_index2)
+
+
+@pytest.mark.slow   # ~1 min at load 10 (n = 49, Krylov's own compilation); above on `linear`
+def test_tube_krylov_small_first_step_fails_clearly():
+    """The same on the water tube from the Test Set's h0 = rtol = 1e-8, which DenseLU
+    starts and solves (above). Where the steps stay larger Krylov(DenseLU()) solves the
+    tube (rtol 1e-6: 2.3 digits, 275 steps; 1e-8 from the default first step: 3.0
+    digits, 1888 steps)."""
+    y0, yp0 = tube.initial(tube.p)
+    sol = dae.solve(tube.residual, tube.t0, tube.t1, y0, yp0, tube.params(),
+                    algebraic=tube.algebraic, index2=tube.index2, rtol=1e-8, atol=1e-8,
+                    first_step=1e-8, linear_solver=dae.Krylov(preconditioner=dae.DenseLU()),
+                    throw=False, max_steps=50)
+    assert sol.result == dae.RESULTS.singular_unscaled_index2
+    assert "first_step" in str(dae.RESULTS.singular_unscaled_index2)
+
+
+def linear_kinked(t, y, yp, a):
+    """`linear` with the constraint 0 = x1 − a sin t and an index-1 algebraic
+    w = max(x1, 1/2) beside it, whose sensitivity jumps where a sin t crosses 1/2."""
+    return jnp.concatenate([linear(t, y[:3], yp[:3], None).at[2].add(jnp.sin(t) * (1.0 - a)),
+                            (y[3] - jnp.maximum(y[0], 0.5))[None]])
+
+
+def test_index2_sensitivities_across_a_kink():
+    """jacfwd with respect to a of `linear_kinked` across the two kinks of w (t = π/6,
+    5π/6 for a = 1). Closed form: x1 = a sin t, z = a cos t + x2, x2' = a cos t − x2
+    with x2(0) = 1, so ∂x1/∂a = sin t, ∂x2/∂a = (cos t + sin t − e^{−t})/2,
+    ∂z/∂a = cos t + ∂x2/∂a, ∂w/∂a = [sin t > 1/2] sin t — a jump of 1/2 at each kink,
+    where the full error control stopped with `step_size_too_small` (the solve itself
+    succeeds). Bounds of the module docstring (w, index-1 algebraic, fixed by x1: the
+    differential variables' bound)."""
+    rtol = 1e-8
+    ts = np.array([0.3, 1.5, 3.0])
+    y0, yp0 = linear_exact(np.array(0.0))
+    y0, yp0 = jnp.append(jnp.asarray(y0), 0.5), jnp.append(jnp.asarray(yp0), 0.0)
+
+    def f(a):
+        return dae.solve(linear_kinked, 0.0, 3.0, y0, yp0, a, saveat=jnp.asarray(ts),
+                         algebraic=np.array([False, False, True, True]),
+                         index2=np.array([False, False, True, False]), rtol=rtol,
+                         atol=rtol).ys
+
+    J = np.asarray(jax.jacfwd(f)(1.0))
+    dx2 = (np.cos(ts) + np.sin(ts) - np.exp(-ts)) / 2
+    exact = np.stack([np.sin(ts), dx2, np.cos(ts) + dx2,
+                      np.where(np.sin(ts) > 0.5, np.sin(ts), 0.0)], 1)
+    err = np.abs(J - exact)
+    assert np.max(err[:, [0, 1, 3]]) <= 100 * rtol, np.max(err[:, [0, 1, 3]]) / rtol
+    assert np.max(err[:, 2]) <= 1000 * rtol, np.max(err[:, 2]) / rtol
+
+
+# ~1-2 min: n = 49 with a sensitivity, and six solves at rtol 1e-10 for the differences;
+# the default suite keeps the same jump on small problems (above, and in
+# test_transformations.py).
+@pytest.mark.slow
+def test_tube_forward_sensitivity_across_flow_regime_switches():
+    """d y(T)/d b (the buffers' capacity) of the water tube by jacfwd at rtol 1e-6. Each
+    tube switches from the laminar to the turbulent friction law where its Reynolds
+    number passes 2300; there the friction factor (index-1 algebraic) has a kink and its
+    sensitivity jumps (at t = 12207.8 s by 61 in the error weights), which stopped the
+    full error control with `step_size_too_small` where the forward solve succeeds.
+    Against central differences of solves at rtol 1e-10 (step 1e-3 b: truncation
+    ~1e-6 relative; measured agreement of the differences at 1e-8 and 1e-10: 8e-4),
+    on the pressures (the derivative's size, 6.6, is theirs; the flows' derivatives at
+    T, ~1e-7, are below the differences' noise). Bound: 1000·rtol of the pressures'
+    derivative, the index-2 variables' bound of the module docstring (measured 8e-5).
+
+    (The friction law's switch also makes φ' jump, whose switching-time term no
+    sensitivity through a `jnp.where` sees; at T it is below this bound.)"""
+    y0, yp0 = tube.initial(tube.p)
+    b0 = tube.p["b"]
+
+    def final(b, rtol):
+        return dae.solve(tube.residual, tube.t0, tube.t1, y0, yp0, tube.params(b=b),
+                         algebraic=tube.algebraic, index2=tube.index2, rtol=rtol,
+                         atol=rtol).ys[-1]
+
+    J = np.asarray(jax.jacfwd(lambda b: final(b, 1e-6))(jnp.asarray(b0)))
+    db = 1e-3 * b0
+    fd = (np.asarray(final(jnp.asarray(b0 + db), 1e-10))
+          - np.asarray(final(jnp.asarray(b0 - db), 1e-10))) / (2 * db)
+    pres = slice(36, 49)
+    err = np.max(np.abs(J[pres] - fd[pres])) / np.max(np.abs(fd[pres]))
+    assert err <= 1000 * 1e-6, err
+
+
 def test_tube_undeclared_singular_at_small_h():
     """Without `index2` the same start is refused clearly (not solved wrongly), with a
     message that says how to declare it."""
@@ -348,6 +448,61 @@ def test_pendulum_parameter_derivatives(mode):
     J = transform(f)(q)
     ref = pendulum_final_jacobian(THETA0, 0.0, L, G, T_DERIV)[:, [0, 2, 3]]
     _check_derivative(J, ref, [4])
+
+
+def pendulum_mass(t, y, yp, args):
+    """The pendulum of mass m in index-2 form: m u' = −λ x, m v' = −λ y − m g, with the
+    velocity constraint x u + y v = 0 at λ's index. λ = m (θ'² + (g/L) cos θ) is the
+    rod force over L: proportional to m, while the motion does not depend on m."""
+    m, g = args
+    x, yy, u, v, lam = y
+    return jnp.stack([yp[0] - u, yp[1] - v, m * yp[2] + lam * x, m * yp[3] + lam * yy + m * g,
+                      x * u + yy * v])
+
+
+MASS = 2.5
+
+
+def pendulum_mass_objective(q, rtol=DERIV_RTOL, sensitivity=None):
+    """λ(T) + x(T) of the pendulum of mass m from rest at θ0, radius L; q = (θ0, L, m)."""
+    theta0, length, m = q[0], q[1], q[2]
+    y0 = pendulum_of(theta0, 0.0 * theta0, length, G) * jnp.array([1.0, 1, 1, 1, 0]) \
+        + jnp.array([0.0, 0, 0, 0, 1]) * m * (G / length) * jnp.cos(theta0)
+    acc = -(G / length) * jnp.sin(theta0)
+    yp0 = jnp.stack([0.0 * acc, 0.0 * acc, length * jnp.cos(theta0) * acc,
+                     length * jnp.sin(theta0) * acc, 0.0 * acc])
+    yT = dae.solve(pendulum_mass, 0.0, T_DERIV, y0, yp0, (m, G), index2=PENDULUM_INDEX2,
+                   rtol=rtol, atol=rtol, sensitivity=sensitivity).ys[-1]
+    return yT[4] + yT[0]
+
+
+# The continuous adjoint's variant (~70 s at load 10, 12-148 rtol off the reference;
+# jacfwd 16 rtol) to --runslow: the default suite keeps that adjoint on the pendulum's
+# other parameters (test_pendulum_parameter_derivatives).
+@pytest.mark.parametrize("mode", ["jacfwd", pytest.param("grad", marks=pytest.mark.slow)])
+def test_pendulum_mass_derivatives(mode):
+    """d(λ(T) + x(T))/d(θ0, L, m) for the pendulum of mass m = 2.5 by forward
+    sensitivities and by the continuous adjoint (grad's default, without its fallback).
+    Reference: the angle ODE's variational equations (λ = m λ₁ with λ₁ the unit-mass
+    force, x independent of m): m ∂λ₁/∂q + ∂x/∂q for θ0 and L, and λ₁(T) for m.
+    Bound: 1000·DERIV_RTOL of the derivative's size (the objective holds λ, an index-2
+    variable: the module docstring's bound). The m column also against central
+    differences of two solves at rtol 1e-11 with step 0.1 m: λ is linear in m, so the
+    difference has no truncation error, and its noise is the solves' error over the
+    step, ~100·1e-11·|λ|/(0.2 m) ≈ 1e-9 — the same bound covers it."""
+    q = jnp.array([THETA0, L, MASS])
+    f = lambda q_: pendulum_mass_objective(q_, sensitivity=CONTINUOUS)   # noqa: E731
+    J = np.asarray(jax.jacfwd(f)(q) if mode == "jacfwd" else jax.grad(f)(q))
+    ref1 = pendulum_final_jacobian(THETA0, 0.0, L, G, T_DERIV)     # (5, (θ0, θ'0, L, g))
+    th, om = angle_ode_sensitivities(THETA0, 0.0, L, G, T_DERIV)[:2]
+    lam1 = om ** 2 + (G / L) * np.cos(th)
+    ref = np.array([MASS * ref1[4, 0] + ref1[0, 0], MASS * ref1[4, 2] + ref1[0, 2], lam1])
+    scale = np.max(np.abs(ref))
+    assert np.max(np.abs(J - ref)) <= 1000 * DERIV_RTOL * scale, np.abs(J - ref) / scale
+    dm = 0.1 * MASS
+    fd = (float(pendulum_mass_objective(q.at[2].add(dm), rtol=1e-11))
+          - float(pendulum_mass_objective(q.at[2].add(-dm), rtol=1e-11))) / (2 * dm)
+    assert abs(J[2] - fd) <= 1000 * DERIV_RTOL * scale, abs(J[2] - fd) / scale
 
 
 # ~1 min (13 solves at rtol 1e-11); the default suite checks the same derivatives against

@@ -47,6 +47,9 @@ class SensitivityProblem(eqx.Module):
       with a leading axis of size k; None when no direction moves the parameters.
     - `atol`: (k, n) absolute tolerances of the sensitivities; `quad_atol`: (k, nq).
     - `error_control`: include them in the local error test (IDAS's full error control).
+    - `algebraic`: (n,) 1.0 on the algebraic components (index 1 and 2), whose
+      sensitivities may jump where the residual has a kink along the solution (see
+      `_integrator.attempt_step`); None when there are none or no mask was given.
     """
 
     args_dot: Any
@@ -54,6 +57,7 @@ class SensitivityProblem(eqx.Module):
     quad_atol: Float[Array, "k nq"]
     k: int = eqx.field(static=True)
     error_control: bool = eqx.field(static=True, default=True)
+    algebraic: Float[Array, " n"] | None = None
 
 
 def sensitivity_atol(atol, scale) -> Float[Array, "k n"]:
