@@ -10,9 +10,11 @@ would differ by more than 1e-3, and a different step sequence by ~1e-8 or more.
 
 Derivatives: 1e-6 (the sensitivities' own error control, rtol 1e-6). A batched
 `jacfwd` of batched primals runs the primal and the sensitivity integration apart
-(`batching._primal_tangent_batch`) where the unbatched one runs them fused, and the
-batch's shared branches (a Jacobian refresh for all members when one needs it) move
-the corrector's iterates within its convergence test: observed 1.3e-8."""
+(`batching._primal_tangent_batch`) where the unbatched one runs them fused, and XLA
+compiles the batched program with other fusions (other rounding), which moves the
+corrector's iterates within its convergence test: observed 1.3e-8. (A Jacobian
+refreshed for one member is not used by the others: `_newton.maybe_update` selects
+per member.)"""
 
 import jax
 import jax.numpy as jnp
