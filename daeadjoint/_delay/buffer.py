@@ -55,19 +55,10 @@ SIDE_ULPS = 16
 
 
 def count_below(b, x) -> Int[Array, "..."]:
-    """The number of entries of the ascending array b (B,) below x (any shape), i.e.
-    `jnp.searchsorted(b, x, side="left")`, as ⌈log₂(B + 1)⌉ unrolled rounds of a binary
-    search (one gather each; no loop of its own inside the step loop)."""
-    B = b.shape[0]
-    lo = jnp.zeros(jnp.shape(x), jnp.int32)
-    hi = jnp.full(jnp.shape(x), B, jnp.int32)
-    for _ in range(B.bit_length()):
-        mid = (lo + hi) // 2
-        open_ = lo < hi
-        below = b[jnp.minimum(mid, B - 1)] < x
-        lo = jnp.where(open_ & below, mid + 1, lo)
-        hi = jnp.where(open_ & ~below, mid, hi)
-    return lo
+    """The number of entries of the ascending array b (B,) below x (any shape): JAX's
+    `searchsorted` as unrolled rounds of a binary search (one gather each; no loop of its
+    own inside the step loop)."""
+    return jnp.searchsorted(b, x, side="left", method="scan_unrolled")
 
 
 class DelayBuffer(eqx.Module):
