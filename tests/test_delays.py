@@ -642,15 +642,17 @@ def _check_traced_mask(model, params, x):
     return x
 
 
-OBS_TANK = jnp.array([1.0, 2.0, 5.0, 9.5, 14.0, 20.0])
+OBS_TANK = jnp.array([0.0, 1.0, 2.0, 5.0, 9.5, 14.0, 20.0])
 # Weights of the observed components (level, outflow, inflow) at OBS_TANK: the two
-# algebraic ones observed at every time, the first of them (t = 1 < τ) where t − τ lies
-# in the history.
-W_TANK = jnp.array([[1.0, 0.3, -0.7]]) * jnp.arange(1, 7)[:, None] / 6
+# algebraic ones observed at every time — at t0 (their consistent initial values), and
+# at t = 1 < τ, where t − τ lies in the history.
+W_TANK = jnp.array([[1.0, 0.3, -0.7]]) * jnp.arange(1, 8)[:, None] / 7
 
 
 def controlled_tank_observed(p, tol, sensitivity=None, history_steps=1000):
-    sol = dae.solve(controlled_tank, 0.0, 20.0, jnp.array([0.5, 0.0, 0.0]), args=p,
+    """Σ W ∘ y(OBS_TANK) of the controlled tank, p = (gain, τ, orifice, initial level;
+    the level's constant history)."""
+    sol = dae.solve(controlled_tank, 0.0, 20.0, jnp.array([p[3], 0.0, 0.0]), args=p[:3],
                     delays=lambda p: p[1:2], algebraic=jnp.array([False, True, True]),
                     init="ya_ydp", saveat=OBS_TANK, rtol=tol, atol=tol,
                     sensitivity=sensitivity, history_steps=history_steps)
@@ -661,23 +663,24 @@ def controlled_tank_observed(p, tol, sensitivity=None, history_steps=1000):
 def test_adjoint_index1_delayed_controller():
     """The continuous adjoint of an index-1 delay DAE (the controlled tank: two
     algebraic components, the lag on the differential level) for observations of all
-    three components at six times, w.r.t. the gain, the lag and the orifice coefficient:
-    against central differences of rtol-1e-12 solves (h = 1e-3, as
-    test_delayed_feedback_controller_gradients: truncation ~6e-8, noise ~1e-9) and
-    against forward mode (jacfwd, the variational system). Bound 1e-5 relative to
-    max(|derivative|, 1), as there: the rtol-1e-8 gradients measured 6.9e-7 from the
-    central differences and 2.1e-7 from jacfwd. Leaving out the point masses of λ at the
-    observations of the algebraic components (their cotangents dropped) changed the
-    orifice component by 0.69 (of 3.0), leaving out only the jumps of w they cause at
-    t_k − τ by 1.23: either fails by orders of magnitude."""
-    p = jnp.array([0.8, 1.5, 0.5])
+    three components at seven times, w.r.t. the gain, the lag, the orifice coefficient
+    and the initial level (also the history): against central differences of
+    rtol-1e-12 solves (h = 1e-3, as test_delayed_feedback_controller_gradients:
+    truncation ~6e-8, noise ~1e-9) and against forward mode (jacfwd, the variational
+    system). Bound 1e-5 relative to max(|derivative|, 1), as there: the rtol-1e-8
+    gradients measured within 5.2e-7 of the central differences and 3.8e-7 of jacfwd.
+    Leaving out the point masses of λ at the observations of the algebraic components
+    (their cotangents dropped) changed the orifice component by 0.69 (of 3.0), leaving
+    out only the jumps of w they cause at t_k − τ by 1.23 (both measured without the
+    observation at t0 and the initial level): either fails by orders of magnitude."""
+    p = jnp.array([0.8, 1.5, 0.5, 0.5])
     ga = np.asarray(jax.jit(jax.grad(
         lambda p: controlled_tank_observed(p, 1e-8, dae.Adjoint())))(p))
     gf = np.asarray(jax.jacfwd(lambda p: controlled_tank_observed(p, 1e-8))(p))
     tight = jax.jit(lambda p: controlled_tank_observed(p, 1e-12, None, 20_000))
     h = 1e-3
     fd = np.array([(float(tight(p.at[i].add(h))) - float(tight(p.at[i].add(-h)))) / (2 * h)
-                   for i in range(3)])
+                   for i in range(4)])
     scale = np.maximum(np.abs(fd), 1.0)
     assert np.max(np.abs(ga - fd) / scale) < 1e-5, (ga, fd)
     assert np.max(np.abs(ga - gf) / scale) < 1e-5, (ga, gf)
