@@ -81,7 +81,9 @@ from them by the consistent initialization, as in the DAE adjoint without delays
 
 Cost of an evaluation. The residual reads the forward solution at t and at each t + τᵢ:
 y, y' (one search of the stored steps for both) and the lagged values at t − τⱼ (one
-search each): (1 + m)² searches per evaluation for m lags, the quadrature 1 + m.
+search each): (1 + m)² searches per evaluation for m lags, the quadrature 1 + m. (The
+program once asked (2 + m)(2 + 2m) times; XLA's common-subexpression elimination merged
+the repeats, so the compiled residual has as many search loops either way.)
 """
 
 from typing import Any
@@ -122,13 +124,14 @@ def _H(d: AdjointData, s):
     return d.g_cum[j]
 
 
-def _dense_values(dense, t):
-    """(y(t), y'(t)) from the stored interpolant of the step containing t: one search
-    (`DenseRecorder.evaluate`'s, with the weights of both derivatives from it)."""
+def _dense_values(dense, t, slope: bool = True):
+    """(y(t), y'(t) or None) from the stored interpolant of the step containing t: one
+    search (`DenseRecorder.evaluate`'s, with the weights of both derivatives from it)."""
     i = jnp.clip(jnp.searchsorted(dense.t, t), 1, jnp.maximum(dense.count, 1))
-    w = derivative_weights(t, dense.t[i], dense.psi[i - 1], dense.k_used[i - 1], 1)
+    w = derivative_weights(t, dense.t[i], dense.psi[i - 1], dense.k_used[i - 1],
+                           1 if slope else 0)
     phi = dense.phi[i - 1]
-    return w[0] @ phi, w[1] @ phi
+    return w[0] @ phi, (w[1] @ phi if slope else None)
 
 
 class Point(eqx.Module):
@@ -151,15 +154,16 @@ class Backward(eqx.Module):
     n: int = eqx.field(static=True)
     algebraic: tuple | None = eqx.field(static=True, default=None)
 
-    def _point(self, d: AdjointData, t) -> Point:
+    def _point(self, d: AdjointData, t, slopes: bool = False) -> Point:
         """The forward solution at t: one search of the stored steps for t and one for
-        each t − τᵢ (each time point is looked up once, whatever is read from it)."""
+        each t − τᵢ (each time point is looked up once, whatever is read from it); the
+        lagged slopes only with `slopes` (the gradient's lag term)."""
         y, yp = _dense_values(d.dense, jnp.clip(t, d.t0, d.T))
 
         def lag(tau):
             u = t - tau
             in_hist = u <= d.t0
-            v, vp = _dense_values(d.dense, jnp.clip(u, d.t0, d.T))
+            v, vp = _dense_values(d.dense, jnp.clip(u, d.t0, d.T), slopes)
             return jnp.where(in_hist, self.model.h(jnp.minimum(u, d.t0), d.p), v), vp
 
         nu, nu_slope = jax.vmap(lag)(d.tau)
@@ -254,7 +258,7 @@ class Backward(eqx.Module):
     def quadrature(self, s, x, xp, d: AdjointData):
         """−λᵀ dΦ/dp over the inexact leaves of p, flattened (module docstring)."""
         t = d.T - s
-        pt = self._point(d, t)
+        pt = self._point(d, t, slopes=True)
         return self.gradient_density(d, t, pt, self._lam(d, t, pt, x + _H(d, s)))
 
     def observation_jumps(self, d: AdjointData, s_obs, g):
@@ -268,7 +272,7 @@ class Backward(eqx.Module):
 
         def one(sk, gk):
             tk = d.T - sk
-            pt = self._point(d, tk)
+            pt = self._point(d, tk, slopes=True)
             nu_k = jnp.linalg.solve(self.consistency(d, tk, pt).T, jnp.where(a, gk, 0.0))
             _, vjp = jax.vjp(lambda y_, nu_: self.model.primal(tk, y_, pt.yp, nu_, d.p),
                              pt.y, pt.nu)
