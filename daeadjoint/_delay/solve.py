@@ -378,11 +378,7 @@ def solve_delayed(solve, residual, t0, t1, y0, yp0, args, *, delays, history, hi
     saveat = jnp.reshape(jnp.asarray(t1, y0.dtype), (1,)) if saveat is None else saveat
     n_inputs = sum(x.size for x in jax.tree_util.tree_leaves(
         eqx.filter(params, eqx.is_inexact_array))) + y0.size
-    if isinstance(reverse, Adjoint) and kwargs.get("algebraic") is not None:
-        raise ValueError(
-            "sensitivity=Adjoint() with `delays=` needs an index-0 delay DAE (F_y' "
-            "nonsingular: the adjoint variable is F_y'^-T w); with `algebraic=` use "
-            "sensitivity=ForwardSensitivity() (the variational system).")
+    adjoint_algebraic = None
     if reverse is None:
         # Measured choice (docs/delays.md): the variational route costs a solve of size
         # n(1 + N) for N input components, the adjoint a second forward run and a
@@ -390,15 +386,66 @@ def solve_delayed(solve, residual, t0, t1, y0, yp0, args, *, delays, history, hi
         # observation.
         n_obs = 1 if saveat_arg is None else int(np.size(saveat_arg))
         use_adjoint = (n_inputs > ADJOINT_MIN_INPUTS and n_obs <= ADJOINT_MAX_OBSERVATIONS
-                       and quadrature is None and kwargs.get("algebraic") is None)
+                       and quadrature is None)
         reverse = Adjoint() if use_adjoint else ForwardSensitivity()
+        explicit = False
+    else:
+        explicit = True
+    if isinstance(reverse, Adjoint):
+        adjoint_algebraic, refusal = _adjoint_split(model, params, t0, y0, m,
+                                                    kwargs.get("algebraic"))
+        if refusal is not None:
+            if explicit:
+                raise ValueError(f"sensitivity=Adjoint() with `delays=`: {refusal}")
+            reverse = ForwardSensitivity()     # the default falls back to forward mode
     static = dict(solve=solve, model=model, history_steps=int(history_steps), kwargs=kwargs,
-                  n=y0.shape[0], reverse=reverse if isinstance(reverse, Adjoint) else None)
+                  n=y0.shape[0], reverse=reverse if isinstance(reverse, Adjoint) else None,
+                  adjoint_algebraic=adjoint_algebraic)
     dyn = dict(params=params, y0=y0, yp0=yp0, t0=t0, t1=t1, saveat=saveat, bps=bps,
                max_step=max_step)
     d, s = eqx.partition(dyn, eqx.is_array)
     ys, yps, qs, result, stats, t_final = _delay_function(static, s)(d)
     return ys, yps, qs, saveat, result, stats, t_final
+
+
+def _adjoint_split(model, params, t0, y0, m: int, algebraic):
+    """(the algebraic components for the continuous adjoint, as a tuple of bools, or None
+    for index 0; None, or why the adjoint cannot be used). The adjoint of an index-1
+    delay DAE (`adjoint.py`) needs every lagged argument to be differential: whether
+    the residual reads y_lag[i, j] of an algebraic j is found from its program
+    (`adjoint.lag_structure`), never assumed. Without `algebraic=`, the components whose
+    y' the residual never reads are the algebraic ones (index 0 when there are none, or
+    when the program cannot be analysed: as before, F_y' must then be nonsingular)."""
+    from .._linalg.jacobian import SparsityDetectionError
+    from .adjoint import lag_structure
+    try:
+        yp_free, lagged = lag_structure(model, params, t0, y0, m)
+    except SparsityDetectionError as err:
+        if algebraic is None:
+            return None, None
+        return None, (f"{err} The adjoint of an index-1 delay DAE needs to know that no "
+                      "lagged argument is algebraic. Use sensitivity=ForwardSensitivity() "
+                      "(the variational system).")
+    mask = None if algebraic is None else _concrete(jnp.asarray(algebraic))
+    # A mask traced under jit (jnp.array inside the traced function) is not known here:
+    # the components whose y' the residual never reads are the algebraic ones (the
+    # forward solve checks that a marked component's y' is not read).
+    mask = yp_free if mask is None else np.asarray(mask, bool).reshape(-1)
+    if not mask.any():
+        return None, None
+    bad = np.argwhere(lagged & mask[None, :])
+    if bad.shape[0]:
+        i, j = (int(v) for v in bad[0])
+        more = f" (and {bad.shape[0] - 1} more)" if bad.shape[0] > 1 else ""
+        return None, (
+            f"the residual reads y_lag[{i}, {j}] = y_{j}(t - tau_{i}), a lagged algebraic "
+            f"component{more}. The continuous adjoint of an index-1 delay DAE is built "
+            "for lagged differential components only: an observation of an algebraic "
+            "component puts a point mass into the adjoint variable, which a lagged "
+            "algebraic argument carries on to t_k - tau, t_k - 2 tau, ... (docs/delays.md). "
+            "Use sensitivity=ForwardSensitivity() (the variational system; the default "
+            "falls back to it).")
+    return tuple(bool(v) for v in mask), None
 
 
 def _run(static, dyn, augmented_tangent=None):
@@ -499,7 +546,7 @@ def _delay_function(static, static_dyn):
                 # The continuous adjoint: a linear primitive whose transpose is the
                 # backward solve (`adjoint.py`).
                 zs, zps, zqs = filter_primitive_bind(
-                    delay_tangent_p, _Static(static), dyn, p_dot, y0_dot)
+                    delay_tangent_p, _static_param(static), dyn, p_dot, y0_dot)
             else:
                 zs, zps, zqs = _jacobian_product(static, dyn, p_dot, y0_dot)
             guard = _identity
@@ -595,6 +642,17 @@ class _Static(eqx.Module):
 
     def __eq__(self, other):
         return isinstance(other, _Static) and other.static is self.static
+
+
+def _static_param(static) -> _Static:
+    """`_Static(static)`. The solver options in `static["kwargs"]` may hold arrays of the
+    enclosing trace (an `algebraic=` mask made with jnp.array inside a jitted function);
+    they are used within that trace only, and `_Static` hashes by identity, never by
+    value, so equinox's warning about arrays in static fields does not apply."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="A JAX array is being set as static")
+        return _Static(static)
 
 
 def _tangent_impl(st, dyn, p_dot, y0_dot):
