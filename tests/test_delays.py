@@ -915,3 +915,18 @@ def test_failed_recomputation_is_a_status(monkeypatch):
     assert np.all(np.isnan(g)), g
     with pytest.raises(Exception, match="delay_recompute_failed"):
         jax.block_until_ready(jax.jit(jax.grad(lambda q: end(q, True)))(p))
+
+
+@pytest.mark.slow
+def test_checkpointed_adjoint_vmap_of_grad():
+    """jax.vmap(jax.grad(f)) with the checkpointed adjoint over three (τ, c), each member
+    with its own steps, checkpoints and number of segments: against the exact
+    derivatives within 100·tol and against the batched stored-trajectory adjoint
+    (within 10·tol, as test_adjoint_vmap_of_grad: batched programs may round otherwise)."""
+    P = jnp.array([[0.9, 1.0], [1.0, 0.5], [1.2, 2.0]])
+    ck = np.asarray(jax.jit(jax.vmap(jax.grad(lambda p: _ck_end(p, CK_K))))(P))
+    st = np.asarray(jax.jit(jax.vmap(jax.grad(lambda p: _ck_end(p, CK_MAX))))(P))
+    for (tau, c), gi, si in zip(np.asarray(P), ck, st):
+        want = np.array([exact_dtau(T, tau, c), exact(T, tau)])
+        assert np.max(np.abs(gi - want)) < 100 * 1e-6, (tau, c, gi, want)
+        assert np.max(np.abs(gi - si)) < 10 * 1e-6, (gi, si)

@@ -27,7 +27,8 @@ is continuous; in reversed time s = T − t, x(s) = v(T − s) solves
 a constant-lag delay equation with the same lags: `solve(..., delays=τ)` integrates it,
 with the gradient integral as its quadrature. The forward solution and its y' are read
 from the forward solve's stored interpolating polynomials (`solve(dense=True)`, recomputed
-here: memory O(max_steps · 6n) for that second forward run). Step boundaries of the
+here: memory O(max_steps · 6n) for that second forward run), or recomputed segment by
+segment from checkpoints (`checkpoint.py`, where that stores less). Step boundaries of the
 backward solve: the observation times s_k = T − t_k (where H jumps, so x' jumps) and
 s_k + τᵢ (where H(t + τᵢ) jumps), the forward breaking points T − b and T − b + τᵢ (where
 the coefficients F_y, F_ν(t + τᵢ) lose smoothness), and the backward solve's own
