@@ -779,8 +779,8 @@ def test_checkpointed_adjoint_memory_is_bounded_by_its_segments():
     """The gradient program's arrays, with max_steps = 10^6: the stored trajectory holds
     arrays of max_steps step rows (its dense output: the check can fail), the
     checkpointed adjoint none longer than its window of 2H + 2K + 1 step ends, and none
-    larger than its checkpoint rings ((⌈max_steps/K⌉ + 1)·H steps of 6n numbers, here
-    ~10^4: memory O(max_steps·H/K + K + H), not O(max_steps))."""
+    larger than its checkpoint rings' interpolants ((⌈max_steps/K⌉ + 1)·H·6n numbers,
+    here 1.5·10^5 against the stored 6·10^6: memory O(max_steps·H/K + K + H))."""
     big, H, K = 10**6, 50, 2000
 
     def loss(p, every):

@@ -30,7 +30,7 @@ window (the same forward steps, read from the same polynomials by the same code,
 the same backward steps), else within the adjoint's tolerance (other backward steps of
 the same continuous problem).
 
-Memory (in step rows of 6n + 9 numbers): (⌈max_steps/K⌉ + 1)(H + 1) for the
+Memory (in step rows of ~6n + 9 numbers): (⌈max_steps/K⌉ + 1)(H + 1) for the
 checkpoints, plus 4K + 3H for the segments, the suffix and the window — against
 max_steps for the stored trajectory; `use_checkpoints` picks the smaller.
 """
@@ -236,8 +236,9 @@ def backward(fwd_config, fwd_inputs, every, setup, with_window, T):
         return recompute(problem, fwd_config, fwd_inputs, cks, replay_out, c, every)
 
     def seg_or_none(c):
-        # Segment c if c ≥ 0 (a branch: the first segments need no predecessor).
-        rec, ok = jax.lax.cond(c >= 0, lambda: seg(jnp.maximum(c, 0)),
+        # Segment c if it exists (a branch: the first segment has no predecessor, and a
+        # forward run that failed at its start has no checkpoint to restart from).
+        rec, ok = jax.lax.cond((c >= 0) & (c < cks.count), lambda: seg(jnp.maximum(c, 0)),
                                lambda: (DenseRecorder.create(_slot(cks.states, 0), every, True),
                                         jnp.ones((), bool)))
         return rec, ok
@@ -247,7 +248,7 @@ def backward(fwd_config, fwd_inputs, every, setup, with_window, T):
         steps = ring.then(Steps.of_segment(prev, c >= 1)).then(Steps.of_segment(cur))
         return Window.of(steps.then(suffix), t0)
 
-    cur, ok_cur = seg(last)
+    cur, ok_cur = seg_or_none(last)
     prev, ok_prev = seg_or_none(last - 1)
     suffix0 = Steps.empty_like(Steps.of_segment(cur), H)
     w0 = window(last, prev, cur, suffix0)
