@@ -797,6 +797,7 @@ def test_checkpointed_adjoint_memory_is_bounded_by_its_segments():
     assert size <= rings, (size, rings)
 
 
+@pytest.mark.slow
 def test_recomputed_segment_repeats_the_forward_run_or_says_it_did_not():
     """Segments recomputed from their checkpoints (BDF state + step ring) take the
     forward run's steps bit for bit: their step ends and interpolants equal those of the
