@@ -28,6 +28,19 @@ the variational system (`sensitivity=ForwardSensitivity()`), against n_o = 10, 1
 parameters θ enter y1' as Σ_j θ_j cos(j t / 10), with θ = 0, so the solution is the same
 and every θ_j has a nonzero derivative). Reported: warm median ms, ÷ the forward solve,
 and the backward solve's step count (adjoint) — load-independent.
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/delays.py --checkpoint-memory [--repeats 3]
+
+The continuous adjoint's forward solution stored (every step's polynomial, max_steps
+rows) against recomputed from checkpoints (`Adjoint(checkpoint_every=K)`, each
+checkpoint holding the step ring of `history_steps` = H steps): the same least-squares
+gradient at n_o = 100 and 1000 outputs, rtol = atol = 1e-8, H = 600 (Kermack–McKendrick
+takes 2043 steps, at most ~550 within τ2), K = 1000 (three segments), max_steps =
+100 000 (the default). Reported: the compiled gradient program's memory (XLA's buffer
+assignment, `memory_analysis()`: temporaries + arguments + outputs; load-independent),
+the step rows the rule counts (`_delay/checkpoint.py`), compilation seconds and the warm
+median (the two programs' runs interleaved), and whether the two gradients agree bit for
+bit.
 """
 
 from __future__ import annotations
@@ -148,13 +161,67 @@ def gradient_scaling(repeats):
               f"{1e3 * v:.0f} ({v / f0:.1f}) |", flush=True)
 
 
+def checkpoint_memory(repeats):
+    from daeadjoint._delay.checkpoint import checkpoint_rows
+    tol, H, K, max_steps = 1e-8, 600, 1000, 100_000
+    print(f"# stored vs checkpointed adjoint, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; medians of {repeats} "
+          "warm runs")
+    print("| n_o | forward solution | step rows | program MiB | compile s | gradient ms | "
+          "equal |")
+    print("|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    p = jnp.asarray(KM_P)
+    for n_obs in (100, 1000):
+        ts = jnp.linspace(55.0 / n_obs, 55.0, n_obs)
+
+        def run(q, every, ts=ts):
+            return dae.solve(km, 0.0, 55.0, q[:3], args=q, delays=km_lags, saveat=ts,
+                             rtol=tol, atol=tol, history_steps=H, max_steps=max_steps,
+                             sensitivity=dae.Adjoint(checkpoint_every=every)).ys
+
+        base = jax.jit(lambda q: run(q, max_steps))(p)
+        data = base + 0.05 * rng.standard_normal(base.shape)
+        rows_of = {"stored": max_steps, f"checkpoints every {K}": checkpoint_rows(K, max_steps, H)}
+        compiled, info = {}, {}
+        for label, every in (("stored", max_steps), (f"checkpoints every {K}", K)):
+            g = jax.jit(jax.grad(lambda q, every=every, data=data:
+                                 0.5 * jnp.sum((run(q, every) - data) ** 2)))
+            t = time.perf_counter()
+            compiled[label] = g.lower(p).compile()
+            mem = compiled[label].memory_analysis()
+            info[label] = (time.perf_counter() - t,
+                           (mem.temp_size_in_bytes + mem.argument_size_in_bytes
+                            + mem.output_size_in_bytes) / 2**20,
+                           np.asarray(compiled[label](p)))
+        # Timed runs interleaved (stored, checkpointed, stored, ...): the load drifts.
+        walls: dict = {label: [] for label in compiled}
+        for _ in range(repeats):
+            for label, fn in compiled.items():
+                t = time.perf_counter()
+                jax.block_until_ready(fn(p))
+                walls[label].append(time.perf_counter() - t)
+        g_st, g_ck = (info[label][2] for label in compiled)
+        same = "yes" if np.array_equal(g_st, g_ck) else f"no ({np.max(np.abs(g_st - g_ck)):.1e})"
+        for label in compiled:
+            compile_s, mib, _ = info[label]
+            print(f"| {n_obs} | {label} | {rows_of[label]} | {mib:.1f} | {compile_s:.0f} | "
+                  f"{1e3 * statistics.median(walls[label]):.0f} | "
+                  f"{same if label != 'stored' else ''} |", flush=True)
+    print(f"# load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--gradient-scaling", action="store_true")
+    ap.add_argument("--checkpoint-memory", action="store_true")
     args = ap.parse_args()
     if args.gradient_scaling:
         gradient_scaling(args.repeats)
+        return
+    if args.checkpoint_memory:
+        checkpoint_memory(args.repeats)
         return
     ref = km_reference()
     p = jnp.asarray(KM_P)

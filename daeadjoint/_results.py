@@ -139,6 +139,12 @@ class RESULTS(eqx.Enumeration):
         "delay_history_lost: the step history kept for the lagged values y(t - tau) "
         "(`history_steps` steps) no longer reaches back by the longest delay: more steps "
         "than that were taken within one delay. Raise `history_steps=`.")
+    delay_recompute_failed = (
+        "delay_recompute_failed: the continuous adjoint of a delay DAE recomputes the forward "
+        "solution segment by segment from its checkpoints (Adjoint(checkpoint_every=...)), "
+        "and a recomputed segment did not repeat the forward run's steps (it failed, or "
+        "ended elsewhere or after another number of steps). Report it; meanwhile a "
+        "checkpoint_every at least max_steps keeps the whole forward trajectory instead.")
     invalid_delay = (
         "invalid_delay: a delay tau is not positive and finite (checked at run time "
         "because the delays were traced); vanishing delays are not supported.")

@@ -22,7 +22,9 @@ multiple of the local tolerance).
 
 import math
 
+import equinox as eqx
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -829,3 +831,207 @@ def test_adjoint_jacrev_and_the_quadrature_fallback():
     gf = np.asarray(jax.jacfwd(q)(p))
     assert np.max(np.abs(g - gf)) < 100 * tol, (g, gf)
     assert abs(g[1] - float(q(p))) < 100 * tol
+
+
+# ------------------------------------------------ the adjoint by checkpoint recomputation
+
+# y' = −y(t − 1) at rtol 1e-6 takes 158 steps, at most ~45 of them within one lag: a ring
+# of H = 50 steps, checkpoints every K = 60 steps (three segments), and max_steps = 5000,
+# where the checkpoints store fewer step rows than the trajectory (`use_checkpoints`).
+CK_H, CK_K, CK_MAX = 50, 60, 5000
+
+
+def _ck_end(p, every, tol=1e-6):
+    return dae.solve(retarded, 0.0, T, p[1] * jnp.ones(1), args=p, delays=first_arg,
+                     saveat=SAVEAT, rtol=tol, atol=tol, history_steps=CK_H, max_steps=CK_MAX,
+                     sensitivity=dae.Adjoint(checkpoint_every=every)).ys[-1, 0]
+
+
+def test_checkpoint_rule():
+    """Checkpoints when they store fewer step rows than the trajectory: not with the
+    defaults (every checkpoint holds a ring of history_steps = 1000 steps, one every 100
+    steps), yes for the settings of the tests below, and not for checkpoint_every ≥
+    max_steps (one segment: nothing to save)."""
+    from daeadjoint._delay.checkpoint import checkpoint_rows, use_checkpoints
+    assert not use_checkpoints(100, 100_000, 1000)
+    assert use_checkpoints(CK_K, CK_MAX, CK_H)
+    assert not use_checkpoints(CK_MAX, CK_MAX, CK_H)
+    assert checkpoint_rows(CK_K, CK_MAX, CK_H) == (84 + 1) * (CK_H + 1) + 4 * CK_K + 3 * CK_H
+
+
+def _largest_arrays(fn, *args):
+    """(largest dimension, most elements) of the arrays in fn's jaxpr, nested ones
+    included: what the compiled program allocates, up to XLA's buffer reuse."""
+    closed = jax.make_jaxpr(fn)(*args)
+    dims, sizes = [0], [0]
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            for v in eqn.outvars:
+                shape = getattr(v.aval, "shape", ())
+                if shape:
+                    dims.append(max(shape))
+                    sizes.append(int(np.prod(shape)))
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(closed.jaxpr)
+    return max(dims), max(sizes)
+
+
+def test_checkpointed_adjoint_memory_is_bounded_by_its_segments():
+    """The gradient program's arrays, with max_steps = 10^6: the stored trajectory holds
+    arrays of max_steps step rows (its dense output: the check can fail), the
+    checkpointed adjoint none longer than its window of 2H + 2K + 1 step ends, and none
+    larger than its checkpoint rings' interpolants ((⌈max_steps/K⌉ + 1)·H·6n numbers,
+    here 1.5·10^5 against the stored 6·10^6: memory O(max_steps·H/K + K + H))."""
+    big, H, K = 10**6, 50, 2000
+
+    def loss(p, every):
+        return dae.solve(retarded, 0.0, T, p[1] * jnp.ones(1), args=p, delays=first_arg,
+                         saveat=SAVEAT, rtol=1e-6, atol=1e-6, history_steps=H, max_steps=big,
+                         sensitivity=dae.Adjoint(checkpoint_every=every)).ys[-1, 0]
+
+    p = jnp.array([1.0, 1.0])
+    dim_stored, _ = _largest_arrays(jax.grad(lambda q: loss(q, big)), p)
+    assert dim_stored >= big
+    dim, size = _largest_arrays(jax.grad(lambda q: loss(q, K)), p)
+    assert dim <= 2 * H + 2 * K + 1, dim
+    rings = (-(-big // K) + 1) * H * 6 * 1
+    assert size <= rings, (size, rings)
+
+
+@pytest.mark.slow
+def test_recomputed_segment_repeats_the_forward_run_or_says_it_did_not():
+    """Segments recomputed from their checkpoints (BDF state + step ring) take the
+    forward run's steps bit for bit: their step ends and interpolants equal those of the
+    dense output of one uninterrupted solve. One recomputed from a corrupted checkpoint
+    (its next step size halved) is reported as not repeating them (the adjoint then fails
+    with RESULTS.delay_recompute_failed, never a wrong gradient)."""
+    from daeadjoint._core import run
+    from daeadjoint._delay import checkpoint
+    from daeadjoint._delay.buffer import DelayArgs, DelayBuffer, DelayResidual
+    from daeadjoint._delay.solve import breaking_points
+
+    tau = jnp.array([1.0])
+    bps = breaking_points(jnp.asarray(0.0), tau, 5)
+
+    def setup(dense=False):
+        buf = DelayBuffer.empty(0.0, 1.0, bps, CK_H, 1, jnp.float64)
+        return checkpoint.configure(
+            DelayResidual(model=retarded, history=lambda t, a: jnp.ones(1)), 0.0, T,
+            jnp.ones(1), None, DelayArgs(user=None, tau=tau, buffer=buf), saveat=SAVEAT,
+            breakpoints=bps, max_step=1.0, rtol=1e-6, atol=1e-6, max_steps=CK_MAX, dense=dense)
+
+    @jax.jit
+    def segments(scale):
+        config, inputs = setup()
+        problem, cks, out = checkpoint.forward(config, inputs, CK_K)
+        cks = eqx.tree_at(lambda c: c.states.h, cks, cks.states.h.at[1].multiply(scale))
+        return cks.count, jax.lax.map(
+            lambda c: checkpoint.recompute(problem, config, inputs, cks, out, c, CK_K),
+            jnp.arange(3))
+
+    dense = jax.jit(lambda: run(*setup(dense=True))[0].dense)()
+    count, segs = segments(1.0)
+    assert int(count) == 3 and int(dense.count) == 158     # segments of 60 steps
+    recs, ok = segs
+    assert np.all(np.asarray(ok))
+    n = np.asarray(recs.count)
+    t = np.concatenate([np.asarray(recs.t[c, 1:n[c] + 1]) for c in range(3)])
+    phi = np.concatenate([np.asarray(recs.phi[c, :n[c]]) for c in range(3)])
+    assert np.array_equal(t, np.asarray(dense.t[1:159]))
+    assert np.array_equal(phi, np.asarray(dense.phi[:158]))
+    _, (_, bad) = segments(0.5)
+    assert list(np.asarray(bad)) == [True, False, True]   # only segment 1 starts corrupted
+
+
+@pytest.mark.slow
+def test_checkpointed_adjoint_equals_the_stored_one_exact_solution():
+    """y' = −y(t − 1): the gradient (d y(5)/dτ, d y(5)/dc) by the checkpointed adjoint
+    (three segments) is the stored-trajectory adjoint's bit for bit — the recomputed
+    segments repeat the forward steps, and the backward solve reads the same
+    polynomials by the same code and so takes the same steps — and within 100·tol of
+    the exact 7/6 and 19/120 (test_adjoint_grad_exact's bound)."""
+    p = jnp.array([1.0, 1.0])
+    stored = np.asarray(jax.jit(jax.grad(lambda q: _ck_end(q, CK_MAX)))(p))
+    ck = np.asarray(jax.jit(jax.grad(lambda q: _ck_end(q, CK_K)))(p))
+    assert np.array_equal(ck, stored), (ck, stored)
+    assert np.max(np.abs(ck - np.array([exact_dtau(T), exact(T)]))) < 100 * 1e-6, ck
+
+
+@pytest.mark.slow
+def test_checkpointed_adjoint_kermack_mckendrick():
+    """Kermack–McKendrick's least-squares gradient (as
+    test_adjoint_kermack_mckendrick_least_squares, n_o = 10, rtol 1e-8: 2043 steps, at
+    most ~550 within τ2 = 10) with a ring of 600 steps and checkpoints every 700 steps
+    (three segments; the two lags reach into the neighbouring segments): equal to the
+    stored-trajectory adjoint's bit for bit (as above), and to central differences
+    within 1e-3 of the largest component (that test's bound: their noise tol/h)."""
+    tol, H, K = 1e-8, 600, 700
+    p0 = jnp.asarray(KM_P)
+    ts = jnp.linspace(5.5, 55.0, 10)
+
+    def ys(p, every):
+        return dae.solve(km, 0.0, 55.0, p[:3], args=p, delays=km_lags, saveat=ts, rtol=tol,
+                         atol=tol, history_steps=H,
+                         sensitivity=dae.Adjoint(checkpoint_every=every)).ys
+
+    base = np.asarray(jax.jit(lambda p: ys(p, K))(p0))
+    data = base + 0.05 * np.random.default_rng(0).standard_normal(base.shape)
+
+    def loss(p, every=K):
+        return 0.5 * jnp.sum((ys(p, every) - data) ** 2)
+
+    from daeadjoint._delay.checkpoint import use_checkpoints
+    assert use_checkpoints(K, 100_000, H) and not use_checkpoints(100_000, 100_000, H)
+    g_ck = np.asarray(jax.jit(jax.grad(loss))(p0))
+    g_st = np.asarray(jax.jit(jax.grad(lambda p: loss(p, 100_000)))(p0))
+    assert np.array_equal(g_ck, g_st), (g_ck, g_st)
+    f = jax.jit(loss)
+    h = 1e-5
+    g_cd = np.array([(float(f(p0.at[i].add(h))) - float(f(p0.at[i].add(-h)))) / (2 * h)
+                     for i in range(5)])
+    assert np.max(np.abs(g_ck - g_cd)) / np.max(np.abs(g_cd)) < 1e-3, (g_ck, g_cd)
+
+
+@pytest.mark.slow
+def test_failed_recomputation_is_a_status(monkeypatch):
+    """A recomputed segment that does not repeat the forward run (here made so: its
+    checkpoint's step size halved) fails the gradient with
+    RESULTS.delay_recompute_failed: raised with throw=True, NaN with throw=False."""
+    from daeadjoint._delay import checkpoint
+    original = checkpoint.recompute
+
+    def corrupted(problem, config, inputs, cks, out, c, every):
+        cks = eqx.tree_at(lambda k: k.states.h, cks, cks.states.h * 0.5)
+        return original(problem, config, inputs, cks, out, c, every)
+
+    monkeypatch.setattr(checkpoint, "recompute", corrupted)
+
+    def end(p, throw):
+        return dae.solve(retarded, 0.0, T, p[1] * jnp.ones(1), args=p, delays=first_arg,
+                         saveat=SAVEAT, rtol=1e-6, atol=1e-6, history_steps=CK_H,
+                         max_steps=CK_MAX, throw=throw,
+                         sensitivity=dae.Adjoint(checkpoint_every=CK_K)).ys[-1, 0]
+
+    p = jnp.array([1.0, 1.0])
+    g = np.asarray(jax.jit(jax.grad(lambda q: end(q, False)))(p))
+    assert np.all(np.isnan(g)), g
+    with pytest.raises(Exception, match="delay_recompute_failed"):
+        jax.block_until_ready(jax.jit(jax.grad(lambda q: end(q, True)))(p))
+
+
+@pytest.mark.slow
+def test_checkpointed_adjoint_vmap_of_grad():
+    """jax.vmap(jax.grad(f)) with the checkpointed adjoint over three (τ, c), each member
+    with its own steps, checkpoints and number of segments: against the exact
+    derivatives within 100·tol and against the batched stored-trajectory adjoint
+    (within 10·tol, as test_adjoint_vmap_of_grad: batched programs may round otherwise)."""
+    P = jnp.array([[0.9, 1.0], [1.0, 0.5], [1.2, 2.0]])
+    ck = np.asarray(jax.jit(jax.vmap(jax.grad(lambda p: _ck_end(p, CK_K))))(P))
+    st = np.asarray(jax.jit(jax.vmap(jax.grad(lambda p: _ck_end(p, CK_MAX))))(P))
+    for (tau, c), gi, si in zip(np.asarray(P), ck, st):
+        want = np.array([exact_dtau(T, tau, c), exact(T, tau)])
+        assert np.max(np.abs(gi - want)) < 100 * 1e-6, (tau, c, gi, want)
+        assert np.max(np.abs(gi - si)) < 10 * 1e-6, (gi, si)

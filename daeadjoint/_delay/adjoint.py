@@ -27,7 +27,8 @@ is continuous; in reversed time s = T − t, x(s) = v(T − s) solves
 a constant-lag delay equation with the same lags: `solve(..., delays=τ)` integrates it,
 with the gradient integral as its quadrature. The forward solution and its y' are read
 from the forward solve's stored interpolating polynomials (`solve(dense=True)`, recomputed
-here: memory O(max_steps · 6n) for that second forward run). Step boundaries of the
+here: memory O(max_steps · 6n) for that second forward run), or recomputed segment by
+segment from checkpoints (`checkpoint.py`, where that stores less). Step boundaries of the
 backward solve: the observation times s_k = T − t_k (where H jumps, so x' jumps) and
 s_k + τᵢ (where H(t + τᵢ) jumps), the forward breaking points T − b and T − b + τᵢ (where
 the coefficients F_y, F_ν(t + τᵢ) lose smoothness), and the backward solve's own
@@ -96,6 +97,7 @@ import numpy as np
 from .._bdf import derivative_weights
 from .._results import RESULTS
 from .buffer import count_below
+from .checkpoint import Window
 
 # Half-width of the side window of a lagged step function, in ulps of the time scale (as
 # `buffer.SIDE_ULPS`): above the rounding of s − τ, far below any step.
@@ -126,12 +128,22 @@ def _H(d: AdjointData, s):
 
 def _dense_values(dense, t, slope: bool = True):
     """(y(t), y'(t) or None) from the stored interpolant of the step containing t: one
-    search (`DenseRecorder.evaluate`'s, with the weights of both derivatives from it)."""
+    search (`DenseRecorder.evaluate`'s, with the weights of both derivatives from it).
+    `dense` is the stored trajectory or a checkpoint `Window` of recomputed steps (NaN
+    outside it, as `Window.evaluate`)."""
+    window = dense if isinstance(dense, Window) else None
+    if window is not None:
+        dense = window.dense
     i = jnp.clip(jnp.searchsorted(dense.t, t), 1, jnp.maximum(dense.count, 1))
     w = derivative_weights(t, dense.t[i], dense.psi[i - 1], dense.k_used[i - 1],
                            1 if slope else 0)
     phi = dense.phi[i - 1]
-    return w[0] @ phi, (w[1] @ phi if slope else None)
+    y, yp = w[0] @ phi, (w[1] @ phi if slope else None)
+    if window is not None:
+        inside = window.inside(t)
+        y = jnp.where(inside, y, jnp.nan)
+        yp = None if yp is None else jnp.where(inside, yp, jnp.nan)
+    return y, yp
 
 
 class Point(eqx.Module):
@@ -353,12 +365,13 @@ def backward_history_steps(forward: int, n_obs: int, m: int, index1: bool = Fals
 
 def adjoint_cotangents(solve, static, dyn, ct_ys, options):
     """(cotangent of the inexact leaves of `Params` as a Params-like pytree, cotangent of
-    y0): the continuous adjoint for the cotangent `ct_ys` (n_save, n) of `ys`."""
-    from .solve import _forward_dense   # circular import at module load
+    y0): the continuous adjoint for the cotangent `ct_ys` (n_save, n) of `ys`. The
+    forward interpolant comes from a stored trajectory or, where that stores fewer steps
+    (`checkpoint.use_checkpoints`), from checkpoint recomputation (`checkpoint.py`)."""
+    from .checkpoint import use_checkpoints
     model, n = static["model"], static["n"]
     p, y0, t0 = dyn["params"], dyn["y0"], dyn["t0"]
     dtype = y0.dtype
-    sol = _forward_dense(static, dyn)
     T = jnp.asarray(dyn["t1"], dtype)
     tau = jax.lax.stop_gradient(model.tau(p))
     saveat = jnp.asarray(dyn["saveat"], dtype)
@@ -381,28 +394,47 @@ def adjoint_cotangents(solve, static, dyn, ct_ys, options):
     # array's (static) size.
     breaks = jnp.where((breaks > 0) & (breaks < span), breaks, 0.0)
     breaks = jnp.sort(breaks)
-    data = AdjointData(dense=sol.dense, p=p, s_obs=s_obs, g_cum=g_cum, T=T, t0=t0,
-                       tau=tau, breaks=breaks)
-    dirac = None
-    if bw.algebraic is not None:
-        jump_s, jump_cum, dirac = bw.observation_jumps(data, s_obs, g)
-        data = AdjointData(dense=sol.dense, p=p, s_obs=jump_s, g_cum=jump_cum, T=T, t0=t0,
-                           tau=tau, breaks=breaks)
     kw = static["kwargs"]
     rtol = options.rtol if options.rtol is not None else kw.get("rtol")
     atol = options.atol if options.atol is not None else jnp.max(jnp.asarray(kw.get("atol", 1e-6)))
-    x = solve(bw.residual, jnp.zeros((), dtype), span, jnp.zeros((n,), dtype), None, data,
-              delays=tau, history=bw.history, quadrature=bw.quadrature,
-              saveat=jnp.reshape(span, (1,)), breakpoints=breaks, rtol=rtol, atol=atol,
-              # Always in the error test: a delay solve's quadrature without it was
-              # seen grossly wrong (docs/delays.md), and this one is the gradient.
-              quad_error_control=True, quad_rtol=rtol,
-              quad_atol=atol, max_steps=kw.get("max_steps", 100_000),
-              history_steps=backward_history_steps(static["history_steps"], saveat.shape[0],
-                                                   tau.shape[0], bw.algebraic is not None),
-              linear_solver=None, throw=kw.get("throw", True))
-    w0 = x.ys[-1] + data.g_cum[-1]
-    flat = x.qs[-1] if dirac is None else x.qs[-1] + dirac
+    bw_kwargs = dict(
+        rtol=rtol, atol=atol,
+        # Always in the error test: a delay solve's quadrature without it was seen
+        # grossly wrong (docs/delays.md), and this one is the gradient.
+        quad_error_control=True, quad_rtol=rtol, quad_atol=atol,
+        max_steps=kw.get("max_steps", 100_000),
+        history_steps=backward_history_steps(static["history_steps"], saveat.shape[0],
+                                             tau.shape[0], bw.algebraic is not None),
+        linear_solver=None, throw=kw.get("throw", True))
+
+    def data_with(dense, s_jump=s_obs, g_jump=g_cum):
+        return AdjointData(dense=dense, p=p, s_obs=s_jump, g_cum=g_jump, T=T, t0=t0, tau=tau,
+                           breaks=breaks)
+
+    dirac = None
+    # Index 1 reads the forward solution at every observation before the backward solve
+    # (`Backward.observation_jumps`), so it keeps the stored trajectory.
+    if bw.algebraic is None and use_checkpoints(
+            options.checkpoint_every, kw.get("max_steps", 100_000), static["history_steps"]):
+        x_end, q_end, ok = _checkpointed(static, dyn, options.checkpoint_every, bw, data_with,
+                                         tau, span, breaks, bw_kwargs)
+        g_end = g_cum[-1]
+    else:
+        from .solve import _forward_dense   # circular import at module load
+        sol = _forward_dense(static, dyn)
+        data = data_with(sol.dense)
+        if bw.algebraic is not None:
+            jump_s, jump_cum, dirac = bw.observation_jumps(data, s_obs, g)
+            data = data_with(sol.dense, jump_s, jump_cum)
+        x = solve(bw.residual, jnp.zeros((), dtype), span, jnp.zeros((n,), dtype), None,
+                  data, delays=tau, history=bw.history,
+                  quadrature=bw.quadrature, saveat=jnp.reshape(span, (1,)),
+                  breakpoints=breaks, **bw_kwargs)
+        x_end, q_end = x.ys[-1], x.qs[-1]
+        ok = (x.result == RESULTS.successful) & (sol.result == RESULTS.successful)
+        g_end = data.g_cum[-1]
+    w0 = x_end + g_end
+    flat = q_end if dirac is None else q_end + dirac
     dyn_p = eqx.filter(p, eqx.is_inexact_array)
     leaves, treedef = jax.tree_util.tree_flatten(dyn_p)
     out, k = [], 0
@@ -410,7 +442,59 @@ def adjoint_cotangents(solve, static, dyn, ct_ys, options):
         out.append(flat[k:k + leaf.size].reshape(leaf.shape).astype(leaf.dtype))
         k += leaf.size
     # A failed backward solve (throw=False) gives NaN, never a finite wrong gradient.
-    ok = (x.result == RESULTS.successful) & (sol.result == RESULTS.successful)
     out = [jnp.where(ok, v, jnp.nan) for v in out]
     w0 = jnp.where(ok, w0, jnp.nan)
     return jax.tree_util.tree_unflatten(treedef, out), w0
+
+
+def _checkpointed(static, dyn, every, bw, data_with, tau, span, breaks, bw_kwargs):
+    """x(span) and the gradient quadrature of the backward solve over the forward
+    solution recomputed from checkpoints (`checkpoint.backward`), with the backward
+    delay solve built as `solve(bw.residual, ..., delays=tau, ...)` builds it (`solve.py`
+    `solve_delayed` and `_run`: the same program, driven a segment at a time), and
+    whether everything succeeded (with `throw`, a failure raises its status)."""
+    from . import checkpoint
+    from .buffer import DelayArgs, DelayBuffer, DelayResidual
+    from .solve import DelayQuadrature, Model, Params, breaking_points
+    model, n = static["model"], static["n"]
+    p, y0, t0 = dyn["params"], dyn["y0"], dyn["t0"]
+    dtype = y0.dtype
+    # The forward solve as `_forward_dense` runs it, less the dense output.
+    kwargs = dict(static["kwargs"])
+    if model.quadrature is not None:
+        kwargs["quadrature"] = DelayQuadrature(model=model)
+    tau_f = model.tau(p)
+    buf = DelayBuffer.empty(jax.lax.stop_gradient(t0), jax.lax.stop_gradient(jnp.max(tau_f)),
+                            dyn["bps"], static["history_steps"], n, dtype)
+    fwd_config, fwd_inputs = checkpoint.configure(
+        DelayResidual(model=model.primal, history=model.h), t0, dyn["t1"], y0, dyn["yp0"],
+        DelayArgs(user=p, tau=tau_f, buffer=buf), saveat=dyn["saveat"], breakpoints=dyn["bps"],
+        max_step=dyn["max_step"], **kwargs)
+    # The backward solve as `solve_delayed` and `_run` build it for a given lag array.
+    bw_model = Model(residual=bw.residual, history=bw.history, delays=None,
+                     quadrature=bw.quadrature)
+    kw = dict(bw_kwargs)
+    history_steps, throw = kw.pop("history_steps"), kw["throw"]
+    zero = jnp.zeros((), dtype)
+    bps = breaking_points(zero, tau, kw.get("max_order", 5), breaks)
+    bw_buf = DelayBuffer.empty(zero, jnp.max(tau), bps, history_steps, n, dtype)
+
+    def setup(window):
+        params = Params(args=data_with(window), y_hist=None, tau_given=tau, residual=None,
+                        history=None, quadrature=None)
+        return checkpoint.configure(
+            DelayResidual(model=bw_model.primal, history=bw_model.h), zero, span,
+            jnp.zeros((n,), dtype), None, DelayArgs(user=params, tau=tau, buffer=bw_buf),
+            saveat=jnp.reshape(span, (1,)), breakpoints=bps, max_step=jnp.min(tau),
+            quadrature=DelayQuadrature(model=bw_model), **kw)
+
+    def with_window(inputs, window):
+        return eqx.tree_at(lambda i: i.args.user.args.dense, inputs, window)
+
+    core, status = checkpoint.backward(fwd_config, fwd_inputs, every, setup, with_window,
+                                       jnp.asarray(dyn["t1"], dtype))
+    status = RESULTS.where(status == RESULTS.successful, core.result, status)
+    x_end, q_end = core.yd[-1, 0], core.qs[-1]
+    if throw:
+        x_end = status.error_if(x_end, status != RESULTS.successful)
+    return x_end, q_end, status == RESULTS.successful

@@ -37,7 +37,8 @@ Reverse mode. When JAX linearizes (`grad`, `vjp`), the tangent is either
   JAX transposes is a product: correct, at a cost growing with N; or
 - (`sensitivity=Adjoint()`) the linear primitive `delay_tangent_p`, whose transpose is
   the continuous adjoint (Calver & Enright §2.3, `adjoint.py`): a second forward run
-  keeping its interpolants and one backward delay solve of size n with an N-vector
+  keeping its interpolants (or checkpoints to recompute them, `checkpoint.py`) and one
+  backward delay solve of size n with an N-vector
   quadrature, for index-0 equations. A cotangent on `yps` or on quadratures is
   transposed through the variational Jacobian instead (correct, at its cost).
 `sensitivity=None` takes the adjoint above `ADJOINT_MIN_INPUTS` input components with at

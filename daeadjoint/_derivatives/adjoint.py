@@ -92,7 +92,10 @@ class Adjoint(AbstractAdjoint):
       replayed; earlier segments are, once each. Memory: ⌈max_steps/checkpoint_every⌉
       + 1 checkpoints of O(n) each, plus two segment buffers (the forward's last and the
       backward's current) of checkpoint_every + O(1) steps × 2n — independent of the
-      number of steps taken.
+      number of steps taken. With `delays=` each checkpoint also holds the step
+      history ring (`history_steps` steps), and the delay adjoint recomputes from
+      checkpoints only where that stores fewer steps than the whole trajectory
+      (`_delay/checkpoint.py`, docs/delays.md).
     - `interpolation`: how the backward pass evaluates the forward solution between
       steps: `"hermite"` (default; piecewise cubic Hermite on the step nodes, C¹, so the
       adjoint's coefficients are continuous) or `"bdf"` (the forward BDF polynomial, as
