@@ -230,3 +230,23 @@ def test_batched_members_do_not_wait_for_each_other_at_output_times(monkeypatch)
     for i, (c, s) in enumerate(CHIRP_ARGS):
         np.testing.assert_allclose(np.asarray(sol.ys[i, :, 0]), chirp_exact(CHIRP_TS, c, s),
                                    rtol=0, atol=2e-5)
+
+
+def test_is_batched_reads_the_tracers():
+    """`_jax_internals.is_batched` (how `solve` chooses the flat loop): True for a value
+    batched by the `vmap` being traced, also seen through a `grad` inside it; False for
+    an unbatched value under `vmap` and inside a `jit` that a `vmap` batches afterwards."""
+    from daeadjoint._jax_internals import is_batched
+
+    seen = []
+
+    def probe(x, y):
+        seen.append((is_batched(x), is_batched(y)))
+        return x * y
+
+    x, y = jnp.ones(3), jnp.ones(())
+    jax.vmap(probe, in_axes=(0, None))(x, y)
+    jax.vmap(jax.grad(probe), in_axes=(0, None))(x, y)
+    jax.vmap(jax.jit(probe), in_axes=(0, None))(x, y)
+    probe(x, y)
+    assert seen == [(True, False), (True, False), (False, False), (False, False)]
