@@ -34,6 +34,9 @@ def _parse():
                    help="force this many CPU devices (before JAX starts)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-grad", action="store_true", help="skip vmap(grad) (long compile)")
+    p.add_argument("--vmap-only", action="store_true",
+                   help="jit(vmap) and the peers only (no ensemble, queue, batches of "
+                        "other spreads or grad: for large n)")
     return p.parse_args()
 
 
@@ -93,6 +96,13 @@ def main():
     _row("daeadjoint jit(vmap)", n, wall, compile_s,
          f"steps {int(np.min(steps))}-{int(np.max(steps))}")
 
+    if not ARGS.vmap_only:
+        extras(prob, solve, pb, n, repeats, ys)
+    peer_rows(prob, pb, n, repeats)
+
+
+def extras(prob, solve, pb, n, repeats, ys):
+    """`ensemble`, the queue, batches of other spreads and `vmap(grad)`."""
     # ensemble over all local devices (compiles inside the first call).
     chunk = ARGS.chunk or n
     ens = lambda: dae.ensemble(solve, pb, chunk_size=chunk)  # noqa: E731
@@ -133,6 +143,8 @@ def main():
         wall = _median_wall(lambda: vg(pb), repeats)
         _row("daeadjoint jit(vmap(grad))", n, wall, compile_s)
 
+
+def peer_rows(prob, pb, n, repeats):
     # Peers (CPU): a loop of compiled IDAS calls; diffsol-jax's vmap; a pydiffsol loop.
     try:
         casadi = peers.prepare_casadi(prob)

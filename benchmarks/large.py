@@ -327,6 +327,7 @@ def main():
     parser.add_argument("--dense-max", type=int, default=10,
                         help="also time DenseLU for M up to this")
     parser.add_argument("--skip-batch", action="store_true")
+    parser.add_argument("--batch-only", action="store_true", help="table 2 only")
     parser.add_argument("--casadi-jit-max", type=int, default=40,
                         help="C-compile casadi's residual only up to this M (gcc time)")
     opts = parser.parse_args()
@@ -338,8 +339,9 @@ def main():
           f"{jax.__version__} ({jax.default_backend()}, x64), casadi {ca.__version__}; "
           f"median of {opts.repeats} warm runs, interleaved; 1-min load average at start "
           f"{os.getloadavg()[0]:.2f}\n")
-    print(HEADER1)
-    table1(opts.grids, opts.repeats, opts.dense_max, opts.casadi_jit_max)
+    if not opts.batch_only:
+        print(HEADER1)
+        table1(opts.grids, opts.repeats, opts.dense_max, opts.casadi_jit_max)
     if not opts.skip_batch:
         print(f"\n| M | n | solver | total ms | wall / IDAS sequential | compile s "
               f"| max rel diff g vs IDAS |\n|---|---|---|---|---|---|---|")

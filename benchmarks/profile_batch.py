@@ -12,8 +12,9 @@ What is measured and how
 1. **Thunks per step-loop trip (exact)**: the optimized HLO's step loop, by phase, with
    `profile_step.py`'s attribution (every attempt / per Newton iteration / when taken).
 2. **Trips**: a vmapped `while_loop` runs its body until its last member is done, so the
-   batch's step loop runs more trips than any member takes steps (the members also
-   wait for each other at every output time, where the outer loop writes the outputs).
+   batch's step loop runs as many trips as its slowest member's step attempts (a
+   batched solve steps its members in one flat loop; the nested loops of an unbatched
+   solve, batched, made them wait for each other at every output time as well).
    Counted from a trace of one run (`jax.profiler`): XLA's CPU runtime records one
    event per executed thunk, named by its HLO instruction, so the events of the step
    loop's `while` and of the Newton loop's give their trips.

@@ -359,7 +359,7 @@ def phase_of(stack) -> str:
     paths = [f for f, _, _ in stack]
     if not stack:
         return "copies XLA inserted (no source)"
-    if "write_outputs" in names:
+    if names & {"write_outputs", "write_output_rows"}:
         return "output writing"
     if "_events.py" in files:
         return "event hook"
@@ -405,7 +405,7 @@ def phase_of(stack) -> str:
                 if line >= start:
                     label = sec
             return label
-    if "step_body" in names or "step_cond" in names:
+    if names & {"step_body", "step_cond", "_integrate_flat"}:
         return "loop control"
     return "other: " + next((_short(fn) for f, fn, _ in stack if _is_lib(f)), stack[0][1])
 
@@ -426,7 +426,7 @@ def region_of(stack) -> str:
         if "adjoint.py" in files or "discrete_adjoint.py" in files:
             return "adjoint steps"
         return "forward steps"
-    if "write_outputs" in names:
+    if names & {"write_outputs", "write_output_rows"}:
         return "output writing"
     if files & {"_consistency.py", "_initialization.py"}:
         return "initial values"
@@ -455,7 +455,8 @@ def loop_name(prog: Program, sf) -> str:
     if not names:
         return "?"
     head = names[0]
-    if head == "outer_body" and "integrate" in names:
+    # The nested loops' outer loop, or the flat loop of a batched solve (`integrate`).
+    if head in ("outer_body", "_integrate_flat") and "integrate" in names:
         if "replay_segment" in names:
             return "replay step loop"
         if "integrate_segment" in names:

@@ -67,6 +67,11 @@ class Config(eqx.Module):
     # primal run is a primitive too (`autodiff.forward_p`), so that every integration
     # of the batch is split over the devices by `shard_map` (`batching.py`).
     explicit_batch: bool = eqx.field(static=True, default=False)
+    # `solve` was called under a `vmap` that batches its inputs (`is_batched`): the
+    # integrations step the members in one flat loop (`_integrator.integrate`). Static,
+    # because the solve is traced unbatched inside its own `jit`, which the `vmap` then
+    # batches.
+    batched: bool = eqx.field(static=True, default=False)
 
 
 class Inputs(eqx.Module):
@@ -179,7 +184,7 @@ def build_problem(config: Config, inputs: Inputs, sens=None, linear_solver=None)
         auto_split=config.auto_split,
         max_step=inputs.max_step, min_step=inputs.min_step, max_order=config.max_order,
         event=config.event, algebraic_probe=algebraic_probe(config, inputs),
-        index2=inputs.index2)
+        index2=inputs.index2, batched=config.batched)
 
 
 def _probe_weights(n: int, dtype):

@@ -36,7 +36,7 @@ from ._events import Event, EventState, search_step
 from ._derivatives.forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
                                                sensitivity_corrector)
 from ._initialization import violated
-from ._jax_internals import unvmap_any
+from ._jax_internals import is_batched, unvmap_any
 from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR, NewtonResult,
                       _builds_from_residual, maybe_update, newton_solve, setup_linear,
                       tree_where)
@@ -94,6 +94,8 @@ class Problem(eqx.Module):
     index2: Array | None = None
     # Report progress every this many accepted steps (0: off; costs nothing then).
     progress: int = eqx.field(static=True, default=0)
+    # The solve is batched by `vmap` (`Config.batched`): one flat loop (`integrate`).
+    batched: bool = eqx.field(static=True, default=False)
     # Sorted times where the model's inputs are not smooth, or None: steps end exactly
     # on each and the BDF restarts there at order 1 (`restart_at_breakpoint`), from
     # values made consistent with the split of `algebraic` / `auto_split`
@@ -1023,16 +1025,27 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     (checkpoints, step buffers). Returns the final state, outputs, recorders and event
     state.
 
-    Two loops: the inner one takes steps until the next output time is passed or a
-    sparse recorder (a checkpoint, `per_step = False`) is due, carrying only the (small)
-    step state and the per-step recorders; the outer one writes the outputs that step
-    made due and the checkpoint. The rows at the start time are written by the outer
-    loop's first trip (its inner loop takes no step when the next output time is
+    Unbatched, two loops: the inner one takes steps until the next output time is
+    passed or a sparse recorder (a checkpoint, `per_step = False`) is due, carrying only
+    the (small) step state and the per-step recorders; the outer one writes the outputs
+    that step made due and the checkpoint. The rows at the start time are written by the
+    outer loop's first trip (its inner loop takes no step when the next output time is
     already reached), so that the output writing is traced once. A step loop that
     carried the output or checkpoint buffers made XLA's CPU runtime switch, once a
     buffer of its body passed ~512 bytes, from sequential to thread-pool execution of
     every step's operations, several times slower for small problems (a few dozen
     output values, a recording forward run).
+
+    Batched (`solve` called under a `vmap` that batches its inputs, `Problem.batched`,
+    or traced here with batched inputs, `is_batched`), one flat loop
+    (`_integrate_flat`): each trip attempts one step of every member and writes the
+    output rows and checkpoints that member's step made due. A vmapped loop runs until
+    its last member is done, so the nested loops made every member wait for the slowest
+    one at every output time (Robertson, 256 members of 885–1296 steps, 12 outputs:
+    1825 step-loop trips); the flat loop runs as many trips as the member with the most
+    step attempts. The size threshold above does not apply: batched, the step state
+    alone is past it. Each member takes the same steps and writes the same rows as in
+    the nested loops.
 
     `until` (optional): also stop, with no change of status, once the accepted steps
     (`stats["num_steps"]`) reach it. The returned carry then resumes: calling `integrate`
@@ -1040,6 +1053,9 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     between attempts, before the next output time is passed, so no output row is due
     at the stop)."""
     n_save = outputs.ts.shape[0]
+    if problem.batched or is_batched((problem, state, outputs, recorders, events, t_end, until)):
+        return _integrate_flat(problem, state, outputs, t_end, max_steps, recorders, events,
+                               until)
 
     def running(s):
         go = (s.t < t_end) & (s.result == RESULTS.successful)
@@ -1065,33 +1081,13 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     def step_body(carry):
         s, recs, ev, t_target, _ = carry
         s, passed = attempt_step(_with_step_history(problem, recs), s)
-        if ev is not None:
-            order = ev.yd.shape[1] - 2
-            ev = jax.lax.cond(unvmap_any(passed),
-                              lambda: tree_where(passed, search_step(problem.event, problem.args,
-                                                                     s, ev, order), ev),
-                              lambda: ev)
+        ev = _search_events(problem, s, ev, passed)
         flush = jnp.zeros((), bool)
         for r in due_checks:   # `due` reads only static fields (e.g. `every`)
             flush = flush | r.due(s, passed)
         recs = tuple(r.record(s, passed) for r in recs)
-        if problem.progress:
-            report = passed & (s.stats["num_steps"] % problem.progress == 0)
-            jax.lax.cond(unvmap_any(report),
-                         lambda: jax.debug.callback(_print_progress, s.t, t_end,
-                                                    s.stats["num_steps"], s.h_used),
-                         lambda: None)
-        hit_max = passed & (s.stats["num_steps"] >= max_steps) & (s.t < t_end)
-        result = RESULTS.where(hit_max & (s.result == RESULTS.successful),
-                               RESULTS.max_steps_reached, s.result)
-        for r in recs:   # a delay DAE whose step history ring overflowed
-            if isinstance(r, DelayBuffer):
-                result = RESULTS.where(r.lost & (result == RESULTS.successful),
-                                       RESULTS.delay_history_lost, result)
-        if ev is not None:
-            result = RESULTS.where(ev.stopped & (result == RESULTS.successful),
-                                   RESULTS.event, result)
-        s = eqx.tree_at(lambda z: z.result, s, result)
+        _report_progress(problem, s, passed, t_end)
+        s = _step_status(s, passed, recs, ev, t_end, max_steps)
         return s, recs, ev, t_target, flush
 
     def outer_cond(carry):
@@ -1107,13 +1103,10 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
         # `flush`: the last step was accepted and a checkpoint is due after it.
         recs = tuple(next(it_outer).record(s, flush) if sp else next(it_inner)
                      for sp in sparse)
-        t_limit = None
-        if ev is not None:
-            t_limit = jnp.where(ev.stopped & problem.event.terminal, ev.t[0], jnp.inf)
         # The rows due now all lie in the last step (the inner loop stops at the first
         # step that passes the next output time), or at the start time (before the
         # first step; interpolated there from the initial history, which gives y0, y'0).
-        out = write_outputs(s, out, t_limit)
+        out = write_outputs(s, out, _output_limit(problem, ev))
         return s, out, recs, ev
 
     # Empty output arrays (no quadratures / sensitivities) stay out of the loop carry.
@@ -1122,6 +1115,153 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     state, outputs, recorders, events = jax.lax.while_loop(
         outer_cond, outer_body, (state, outputs, tuple(recorders), events))
     return state, dataclasses.replace(outputs, **empty), recorders, events
+
+
+def _search_events(problem: Problem, s: State, ev: EventState | None, passed):
+    """The event state after an attempt: the roots of the event function on the step
+    just accepted (`search_step`; nothing on a rejected attempt)."""
+    if ev is None:
+        return ev
+    order = ev.yd.shape[1] - 2
+    return jax.lax.cond(unvmap_any(passed),
+                        lambda: tree_where(passed, search_step(problem.event, problem.args,
+                                                               s, ev, order), ev),
+                        lambda: ev)
+
+
+def _report_progress(problem: Problem, s: State, passed, t_end):
+    """`progress=`: a report every `problem.progress` accepted steps (none when 0)."""
+    if problem.progress:
+        report = passed & (s.stats["num_steps"] % problem.progress == 0)
+        jax.lax.cond(unvmap_any(report),
+                     lambda: jax.debug.callback(_print_progress, s.t, t_end,
+                                                s.stats["num_steps"], s.h_used),
+                     lambda: None)
+
+
+def _step_status(s: State, passed, recs: tuple, ev: EventState | None, t_end,
+                 max_steps: int) -> State:
+    """The state with the status an accepted step may end the integration with:
+    `max_steps_reached`, `delay_history_lost` (a delay DAE whose step history ring
+    overflowed), `event` (a terminal event found)."""
+    hit_max = passed & (s.stats["num_steps"] >= max_steps) & (s.t < t_end)
+    result = RESULTS.where(hit_max & (s.result == RESULTS.successful),
+                           RESULTS.max_steps_reached, s.result)
+    for r in recs:
+        if isinstance(r, DelayBuffer):
+            result = RESULTS.where(r.lost & (result == RESULTS.successful),
+                                   RESULTS.delay_history_lost, result)
+    if ev is not None:
+        result = RESULTS.where(ev.stopped & (result == RESULTS.successful),
+                               RESULTS.event, result)
+    return eqx.tree_at(lambda z: z.result, s, result)
+
+
+def _output_limit(problem: Problem, ev: EventState | None):
+    """The latest output time that may be written: a terminal event's time once found
+    (None without events)."""
+    if ev is None or problem.event is None:
+        return None
+    return jnp.where(ev.stopped & problem.event.terminal, ev.t[0], jnp.inf)
+
+
+def _integrate_flat(problem: Problem, state: State, outputs: Outputs, t_end, max_steps: int,
+                    recorders: tuple, events: EventState | None, until):
+    """`integrate` as one loop of step attempts, for batched members (see there): after
+    each attempt, the output rows the member's accepted step made due are written
+    (`write_output_rows`, by the interpolant of that step, as the nested loops write
+    them), every recorder records it, and a sparse recorder (a checkpoint) only in a
+    trip where some member's is due (a branch: writing the stored state into the
+    checkpoint buffer costs a few dozen row updates, which most trips need for no
+    member). The rows at the start time are written before the loop.
+
+    The loop runs while any member is running (`unvmap_any`), and the body itself keeps
+    the members that are done as they are: their attempt's state is dropped (a select
+    of the step state) and the attempt counts as not accepted, so no recorder, event or
+    output row changes for them (each writes only for an accepted step). With a
+    batched predicate, `vmap`'s rule would instead select every carry after every trip,
+    the output and recorder buffers included (Robertson, 256 members, 12 output rows:
+    that select cost ~50 µs a trip, profiled)."""
+    def running(s):
+        go = (s.t < t_end) & (s.result == RESULTS.successful)
+        if until is not None:
+            go = go & (s.stats["num_steps"] < until)
+        return go
+
+    def record(r, s, passed):
+        if getattr(r, "per_step", True):
+            return r.record(s, passed)
+        due = r.due(s, passed)
+        return jax.lax.cond(unvmap_any(due), lambda: r.record(s, passed), lambda: r)
+
+    def body(carry):
+        s_old, out, recs, ev = carry
+        go = running(s_old)
+        s, passed = attempt_step(_with_step_history(problem, recs), s_old)
+        s = tree_where(go, s, s_old)
+        passed = passed & go
+        ev = _search_events(problem, s, ev, passed)
+        recs = tuple(record(r, s, passed) for r in recs)
+        _report_progress(problem, s, passed, t_end)
+        s = _step_status(s, passed, recs, ev, t_end, max_steps)
+        out = write_output_rows(s, out, _output_limit(problem, ev), passed)
+        return s, out, recs, ev
+
+    empty = {f: getattr(outputs, f) for f in ("qs", "sd", "qsd") if getattr(outputs, f).size == 0}
+    outputs = dataclasses.replace(outputs, **{f: None for f in empty})
+    outputs = write_output_rows(state, outputs, _output_limit(problem, events))
+    state, outputs, recorders, events = jax.lax.while_loop(
+        lambda carry: unvmap_any(running(carry[0])), body,
+        (state, outputs, tuple(recorders), events))
+    return state, dataclasses.replace(outputs, **empty), recorders, events
+
+
+def _weighted_rows(w, phi):
+    """Σ_j w[m, j] φ_j for each row m of `w` (m, 6), over the six rows of φ unrolled:
+    under `vmap` a contraction over φ's leading axis is a batched dot product, which
+    XLA's CPU backend hands to a library kernel costing tens of µs for these sizes
+    (`_bdf._row_sum`)."""
+    total = w[:, 0, None] * phi[0][None]
+    for j in range(1, NPHI):
+        total = total + w[:, j, None] * phi[j][None]
+    return total
+
+
+def write_output_rows(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
+    """`write_outputs` for batched members: the same rows (t_out ≤ t_n, ≤ t_limit),
+    from the same interpolating polynomial, one row per member per trip of a loop that
+    runs while any member has a row due (`unvmap_any`: no select of the output buffers
+    after each trip) and writes only the members' due rows (a gather and a scatter of
+    one row per member, in place). A step usually makes at most one row due, so most
+    calls take no trip or one."""
+    n_save = out.ts.shape[0]
+    if n_save == 0:
+        return out
+    order = out.yd.shape[1] - 1
+    limit = s.t if t_limit is None else jnp.minimum(s.t, t_limit)
+
+    def due(o):
+        return passed & (o.index < n_save) & (o.ts[jnp.minimum(o.index, n_save - 1)] <= limit)
+
+    def write_row(o):
+        do = due(o)
+        i = jnp.minimum(o.index, n_save - 1)
+        w = derivative_weights(o.ts[i], s.t, s.psi, s.k_used, order)
+
+        def put(buf, new):
+            return buf.at[i].set(jnp.where(do, new, buf[i]))
+
+        new = dict(yd=put(o.yd, _weighted_rows(w, s.phi)),
+                   index=o.index + do.astype(jnp.int32))
+        if o.qs is not None and o.qs.size:
+            new["qs"] = put(o.qs, _weighted_rows(w[:1], s.phiq)[0])
+        if o.sd is not None and o.sd.size:
+            new["sd"] = put(o.sd, jnp.einsum("mj,jkn->kmn", w, stacked(s.phis)))
+        if o.qsd is not None and o.qsd.size:
+            new["qsd"] = put(o.qsd, jnp.einsum("j,jkn->kn", w[0], stacked(s.phiqs)))
+        return dataclasses.replace(o, **new)
+
+    return jax.lax.while_loop(lambda o: unvmap_any(due(o)), write_row, out)
 
 
 def _with_step_history(problem: Problem, recorders: tuple) -> Problem:

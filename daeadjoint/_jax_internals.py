@@ -34,7 +34,12 @@ Not here: the names `jax.core` still exports as public (`ShapedArray`, `Tracer`,
    from one it is pushing forward (`jvp`, `jacfwd`). Pure forward mode runs the state
    and its sensitivities in one integration; a linearized solve must keep the primal
    apart from the linear tangent map that `grad` transposes into the adjoint. Without
-   the check, `grad` would meet the fused run, which has no transpose.
+   the check, `grad` would meet the fused run, which has no transpose. `is_batched`
+   tells `integrate` that `vmap` is batching the arrays it is traced with (a
+   `BatchTracer` with a batch dimension): it then steps every member in one flat loop
+   instead of the output-interval loops of an unbatched solve. Without the check a
+   batched solve keeps the nested loops: the same results, its members waiting for
+   each other at every output time.
 4. **A custom partial-evaluation rule** (`jax.interpreters.partial_eval`,
    `jax.extend.core.set_current_trace`): where a solve inside `jit` is linearized after
    its forward-mode rule already chose the fused run (JAX partially evaluates the jitted
@@ -124,7 +129,7 @@ __all__ = [
     # 7.
     "nondifferentiable_backward",
     # 3.
-    "being_linearized",
+    "being_linearized", "is_batched",
     # 4.
     "set_partial_eval_rule",
     # 5.
@@ -184,6 +189,24 @@ def being_linearized(tangents) -> bool:
         return isinstance(x, JaxprTracer) and not x.pval.is_known()
 
     return any(unknown(x) for x in jax.tree_util.tree_leaves(tangents))
+
+
+def is_batched(tree) -> bool:
+    """Whether any array leaf of `tree` is batched by an enclosing `vmap` traced now (a
+    `BatchTracer` with a batch dimension, at any depth of tracers). False inside a `jit`
+    that a `vmap` batches afterwards (`jax.vmap(jax.jit(f))` traces f unbatched)."""
+    def batched(x):
+        while True:
+            if isinstance(x, BatchTracer):
+                if x.batch_dim is not None:
+                    return True
+                x = x.val
+            elif hasattr(x, "primal"):      # a JVP or linearize tracer: look at its primal
+                x = x.primal
+            else:
+                return False
+
+    return any(batched(x) for x in jax.tree_util.tree_leaves(tree))
 
 
 # ------------------------------------------------- 4. partial-evaluation rule

@@ -22,7 +22,7 @@ from ._derivatives.autodiff import solve_core
 from ._derivatives.discrete_adjoint import DiscreteAdjoint
 from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
-from ._jax_internals import batched_loops, explicit_batch_axis
+from ._jax_internals import batched_loops, explicit_batch_axis, is_batched
 from ._index2 import check_index2_mask, index2_check, project
 from ._initialization import SUCCESS, InitMode, failure_messages, message_index
 from ._linalg.linear_solver import AbstractLinearSolver
@@ -333,6 +333,8 @@ def _configure(residual, t0, t1, y0, yp0, args, *, saveat, algebraic, index2, in
                     quad_atol=quad_atol, tstop=tstop, constraints=constraints,
                     max_step=max_step, min_step=min_step, first_step=first_step,
                     index2=None if index2_mask is None else jnp.asarray(index2_mask))
+    # Under a `vmap` that batches any input: the integrations' flat loop (`integrate`).
+    config = dataclasses.replace(config, batched=is_batched((config, inputs)))
     return config, inputs
 
 
