@@ -17,7 +17,39 @@ def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run slow tests")
 
 
+# Rough seconds of each file's default tests in one process on an idle core, nearly all
+# of it XLA compiling the integrator's programs (from single-file `--durations` runs and
+# CI logs, 2026-11, at different loads: only the order and rough proportions matter;
+# update when a file's share changes a lot). Files not listed (a few seconds each, or
+# only slow tests) count as 0 and run last.
+FILE_SECONDS = {
+    "test_linear_solvers.py": 420, "test_adjoint.py": 330,
+    "test_user_inputs_and_messages.py": 330, "test_delays.py": 250, "test_index2.py": 250,
+    "test_transformations.py": 230, "test_krylov.py": 200, "test_events.py": 200,
+    "test_closures.py": 200, "test_testset.py": 170,
+    "test_right_answer_or_clear_failure.py": 170, "test_singular_mass_matrix.py": 150,
+    "test_breakpoints.py": 140, "test_initialization.py": 80, "test_forward.py": 70,
+    "test_random_dae.py": 60, "test_sharding.py": 40, "test_ensemble.py": 30,
+    "test_ensemble_queue.py": 30, "test_failure_paths.py": 30,
+    "test_heat_equation_gradient.py": 30, "test_configuration.py": 20,
+    "test_gpu_lowering.py": 20, "test_jax_internals.py": 20, "test_bdf.py": 10,
+}
+
+
+def pytest_configure(config):
+    # pytest-xdist (`--dist loadfile`) would order the files by their number of tests,
+    # skipped slow ones included; keep the order of `pytest_collection_modifyitems`.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
+    # Longest files first (longest-processing-time-first scheduling): each worker takes
+    # the next file when it runs out, so the two finish within about the shortest file
+    # of each other instead of one waiting on a long file handed out last. The sort is
+    # stable: each file's tests keep their order (shared compiled functions are built
+    # by the first test that needs them).
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 0))
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow")

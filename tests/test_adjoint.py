@@ -267,8 +267,9 @@ def r4_discrete(c, rtol):
 
 # Slow (~12 s of compilation; the default suite's budget): the discrete adjoint stays
 # checked by default against exact derivatives of R4 (through jax.hessian, in
-# test_user_inputs_and_messages.py::test_hessian_with_discrete_adjoint) and of R3, and
-# with a quadrature, in test_discrete_adjoint_index1_and_finite_differences below.
+# test_user_inputs_and_messages.py::test_hessian_with_discrete_adjoint) and of R3 (in
+# test_discrete_adjoint_recomputing_steps below), and with a quadrature, in
+# test_discrete_adjoint_index1_and_finite_differences below.
 @pytest.mark.slow
 def test_discrete_adjoint_exact_oscillator():
     """The discrete adjoint differentiates the discrete map with h_n frozen (Eberhard & Bischof's
@@ -281,16 +282,11 @@ def test_discrete_adjoint_exact_oscillator():
 
 
 def test_discrete_adjoint_index1_and_finite_differences():
-    """R3 (observation of an algebraic component, fully implicit index 1): 2/e within
-    100·rtol; and on the nonlinear index-1 kinetics loss (observations of algebraic
-    components, y', quadrature, init="ya_ydp") the discrete and continuous gradients
-    agree at rtol 1e-10 to the same 1e-6 the finite-difference test uses."""
-    g = jax.jit(jax.grad(lambda y0: dae.solve(
-        mass_index1, 0.0, 1.0, y0, jnp.array([-1.0, 0.0]), algebraic=jnp.array([False, True]),
-        rtol=1e-9, atol=1e-11, max_steps=2000,
-        sensitivity=dae.DiscreteAdjoint()).ys[-1].sum()))(jnp.array([1.0, 2.0]))
-    assert abs(float(g[0]) - 2 / np.e) <= 100 * 1e-9 and float(g[1]) == 0.0
-
+    """On the nonlinear index-1 kinetics loss (observations of algebraic components, y',
+    quadrature, init="ya_ydp") the discrete and continuous gradients agree at rtol 1e-10
+    to the same 1e-6 the finite-difference test uses. (R3 — an observation of an
+    algebraic component, fully implicit index 1 — against its exact gradient:
+    `test_discrete_adjoint_recomputing_steps`, with both ways of storing the steps.)"""
     def loss(theta, sens):
         p, y0d = theta[:4], theta[4:]
         sol = dae.solve(kinetics, 0.0, 3.0, jnp.concatenate([y0d, jnp.zeros(1)]), jnp.zeros(3),
@@ -454,58 +450,24 @@ def test_every_replayed_segment_repeats_the_forward_steps(monkeypatch):
     assert differ == []
 
 
-def test_failed_continuous_adjoint_falls_back_to_the_discrete_adjoint():
+def test_failed_continuous_adjoint_falls_back_to_the_discrete_adjoint(monkeypatch):
     """A backward integration that cannot finish (here: too few adjoint steps allowed)
     on a successful forward solve: the gradient comes from the discrete adjoint, with a
     warning, instead of NaN; without the fallback the failure is reported.
     y' = −k y: dy(1)/dk = −e^{−k}; the discrete adjoint converges with the tolerance
-    (100·rtol, as the exact-solution tests)."""
-    def f(k, adjoint):
-        return dae.solve(lambda t, y, yp, a: yp + a * y, 0.0, 1.0, jnp.ones(1), args=k,
-                         rtol=1e-8, atol=1e-8, sensitivity=adjoint).ys[-1, 0]
+    (100·rtol, as the exact-solution tests).
 
-    with pytest.warns(RuntimeWarning, match="discrete adjoint"):
-        g = jax.grad(f)(0.7, dae.Adjoint(max_steps=3))
-    assert abs(float(g) + np.exp(-0.7)) <= 100 * 1e-8
-    with pytest.raises(Exception, match="adjoint_failed"):
-        jax.grad(f)(0.7, dae.Adjoint(max_steps=3, fallback=False))
-
-
-def test_discrete_adjoint_recomputing_steps(monkeypatch):
-    """Above `STORED_FACTORS_LIMIT` numbers of linear-solver setups per segment the
-    discrete adjoint recomputes each replayed step in its backward pass instead of keeping it
-    (`jax.checkpoint`). Forced here on R3 (limit 0) with segments of 7 steps: the same
-    gradient as the stored path (the recomputation repeats the same arithmetic; 1e-12
-    relative leaves room for the compiler ordering it differently) and 2/e within
-    100·rtol, as `test_discrete_adjoint_index1_and_finite_differences`."""
-    from daeadjoint._derivatives import discrete_adjoint
-
-    def grad():     # a new function each time: traced again under the patched limit
-        return np.asarray(jax.jit(jax.grad(lambda y0: dae.solve(
-            mass_index1, 0.0, 1.0, y0, jnp.array([-1.0, 0.0]),
-            algebraic=jnp.array([False, True]), rtol=1e-9, atol=1e-11, max_steps=2000,
-            sensitivity=dae.DiscreteAdjoint(segment=7)).ys[-1].sum()))(jnp.array([1.0, 2.0])))
-
-    kept = grad()
-    monkeypatch.setattr(discrete_adjoint, "STORED_FACTORS_LIMIT", 0)
-    recomputed = grad()
-    np.testing.assert_allclose(recomputed, kept, rtol=1e-12, atol=0)
-    assert abs(recomputed[0] - 2 / np.e) <= 100 * 1e-9 and recomputed[1] == 0.0
-
-
-def _decay_end(k, adjoint):
-    """y(1) of y' = −k y, y(0) = 1 (rtol = atol = 1e-8)."""
-    return dae.solve(lambda t, y, yp, a: yp + a * y, 0.0, 1.0, jnp.ones(1), args=k,
-                     rtol=1e-8, atol=1e-8, sensitivity=adjoint, throw=False).ys[-1, 0]
-
-
-def test_fallback_runs_no_second_forward_solve(monkeypatch):
-    """The fallback's discrete adjoint replays the checkpoint segments the continuous
+    The fallback's discrete adjoint replays the checkpoint segments the continuous
     backward pass replays (one replay loop), with the primal's own steps: the gradient
     program contains the forward solve once. (It used to re-run the forward solve with
     a step log, a second program that could fail where the primal had succeeded: a run
-    need not repeat to the last bit.)"""
+    need not repeat to the last bit.) Counted in the same gradient's trace (the residual
+    is a new function at each call, so nothing comes from JAX's caches)."""
     from daeadjoint import _core
+
+    def f(k, adjoint):
+        return dae.solve(lambda t, y, yp, a: yp + a * y, 0.0, 1.0, jnp.ones(1), args=k,
+                         rtol=1e-8, atol=1e-8, sensitivity=adjoint).ys[-1, 0]
 
     runs = []
     real = _core.run
@@ -516,11 +478,44 @@ def test_fallback_runs_no_second_forward_solve(monkeypatch):
 
     monkeypatch.setattr(_core, "run", counted)
     with pytest.warns(RuntimeWarning, match="discrete adjoint"):
-        g = jax.grad(_decay_end)(0.7, dae.Adjoint(max_steps=3))
+        g = jax.grad(f)(0.7, dae.Adjoint(max_steps=3))
     # One recording run: the primal's (custom_jvp also traces the primal function
     # without recording, a jaxpr the gradient program does not contain).
     assert runs.count(True) == 1
-    assert abs(float(g) + np.exp(-0.7)) <= 100 * 1e-8    # as the test above
+    assert abs(float(g) + np.exp(-0.7)) <= 100 * 1e-8
+    with pytest.raises(Exception, match="adjoint_failed"):
+        jax.grad(f)(0.7, dae.Adjoint(max_steps=3, fallback=False))
+
+
+def test_discrete_adjoint_recomputing_steps(monkeypatch):
+    """Above `STORED_FACTORS_LIMIT` numbers of linear-solver setups per segment the
+    discrete adjoint recomputes each replayed step in its backward pass instead of keeping it
+    (`jax.checkpoint`). Forced here on R3 (limit 0) with segments of 7 steps: the same
+    gradient as the stored path (the recomputation repeats the same arithmetic; 1e-12
+    relative leaves room for the compiler ordering it differently), and both are R3's
+    exact gradient: g = y1 + y2 at T = 1 observes the algebraic y2 (fully implicit index
+    1), dg/dy1(0) = 2/e within 100·rtol (as the exact-solution tests), and the algebraic
+    y2(0) gets zero (it is determined by y1(0))."""
+    from daeadjoint._derivatives import discrete_adjoint
+
+    def grad():     # a new function each time: traced again under the patched limit
+        return np.asarray(jax.jit(jax.grad(lambda y0: dae.solve(
+            mass_index1, 0.0, 1.0, y0, jnp.array([-1.0, 0.0]),
+            algebraic=jnp.array([False, True]), rtol=1e-9, atol=1e-11, max_steps=2000,
+            sensitivity=dae.DiscreteAdjoint(segment=7)).ys[-1].sum()))(jnp.array([1.0, 2.0])))
+
+    kept = grad()
+    assert abs(kept[0] - 2 / np.e) <= 100 * 1e-9 and kept[1] == 0.0
+    monkeypatch.setattr(discrete_adjoint, "STORED_FACTORS_LIMIT", 0)
+    recomputed = grad()
+    np.testing.assert_allclose(recomputed, kept, rtol=1e-12, atol=0)
+    assert abs(recomputed[0] - 2 / np.e) <= 100 * 1e-9 and recomputed[1] == 0.0
+
+
+def _decay_end(k, adjoint):
+    """y(1) of y' = −k y, y(0) = 1 (rtol = atol = 1e-8)."""
+    return dae.solve(lambda t, y, yp, a: yp + a * y, 0.0, 1.0, jnp.ones(1), args=k,
+                     rtol=1e-8, atol=1e-8, sensitivity=adjoint, throw=False).ys[-1, 0]
 
 
 def test_fallback_whose_replay_fails_reports_the_failure(monkeypatch):

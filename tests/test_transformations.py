@@ -135,12 +135,16 @@ def kinetics_algebraic(p, rtol):
                      atol=rtol).ys[:, 2]
 
 
+# One compiled jacfwd of `kinetics_algebraic` (rtol traced), shared by the tests below.
+_kinetics_algebraic_jacfwd = jax.jit(jax.jacfwd(kinetics_algebraic))
+
+
 def test_forward_sensitivities_of_algebraic_components():
     """∂y3(t_i)/∂p of the algebraic y3 (the cubic y3³ + y3 = y1 + p4 y2) by jacfwd at
     rtol 1e-9 against central differences (step 1e-5, rtol 1e-12: truncation ~1e-10,
     noise ~1e-7): 1e-6 of the largest entry."""
     p = jnp.array([0.8, 2.0, 0.3, 0.5])
-    S = np.asarray(jax.jit(jax.jacfwd(kinetics_algebraic))(p, 1e-9))
+    S = np.asarray(_kinetics_algebraic_jacfwd(p, 1e-9))
     eps = 1e-5
     fd = np.stack([(kinetics_algebraic(p.at[i].add(eps), 1e-12)
                     - kinetics_algebraic(p.at[i].add(-eps), 1e-12)) / (2 * eps) for i in range(4)], 1)
@@ -186,7 +190,7 @@ def test_vmap_of_jacfwd_and_linearize():
     jax.linearize's linear map equals jacfwd."""
     ps = jnp.array([[0.8, 2.0, 0.3, 0.5], [1.2, 1.0, 0.5, 0.2]])
     batched = jax.jit(jax.vmap(jax.jacfwd(kinetics_algebraic), in_axes=(0, None)))(ps, 1e-8)
-    single = jax.jit(jax.jacfwd(kinetics_algebraic))
+    single = _kinetics_algebraic_jacfwd
     for i in range(2):
         np.testing.assert_allclose(batched[i], single(ps[i], 1e-8), rtol=2e-7, atol=2e-7)
     _, lin = jax.linearize(lambda p: kinetics_algebraic(p, 1e-8), ps[0])
@@ -264,7 +268,7 @@ def test_oscillator_second_derivatives_exact():
         w, t1 = jnp.sqrt(c), jnp.pi / 2
         return jnp.stack([v0 * jnp.sin(w * t1) / w, v0 * (1 - jnp.cos(w * t1)) / c])
 
-    H_exact = np.asarray(jax.hessian(exact)(theta))
+    H_exact = np.asarray(jax.jit(jax.hessian(exact))(theta))   # one program, not ~40 eager ops
     for rtol in (1e-6, 1e-8):
         H = np.asarray(r4_hessians(theta, rtol))
         np.testing.assert_allclose(H, H_exact, rtol=0, atol=100 * rtol)
