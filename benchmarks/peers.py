@@ -18,11 +18,9 @@ import tempfile
 import time
 from typing import Any, Callable
 
-import casadi as ca
 import jax
 import jax.numpy as jnp
 import numpy as np
-from sksundae.ida import IDA
 
 from problems import JAX, Problem, casadi_dae, jax_ode, jax_residual, numpy_residual
 
@@ -109,6 +107,7 @@ def prepare_casadi(prob: Problem, jit: bool = True) -> Prepared:
     step scaled by the last output time 4e10.)  Linear solver: casadi's default sparse
     'qr', measured faster here than 'csparse' (heat: 4.6 vs 8.3 ms).
     """
+    import casadi as ca  # imported where used: a machine may have only some of the peers
     atol = np.concatenate([prob.atol[prob.diff_idx], prob.atol[prob.alg_idx]])
     opts = dict(reltol=prob.rtol, abstolv=list(atol), max_num_steps=MAX_STEPS,
                 init_xdot=list(prob.yp0(prob.args)[prob.diff_idx]))
@@ -151,6 +150,8 @@ def prepare_sksundae(prob: Problem) -> Prepared:
     sksundae reports no step count, so ``result`` re-integrates once in 'onestep' mode
     (untimed) and counts the internal steps.
     """
+    from sksundae.ida import IDA  # imported where used, as casadi above
+
     resfn = numpy_residual(prob)
     kw = dict(rtol=prob.rtol, atol=prob.atol, algebraic_idx=prob.alg_idx,
               max_num_steps=MAX_STEPS)

@@ -41,11 +41,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-import casadi as ca
 import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
+
+try:
+    import casadi as ca
+except ImportError:  # a machine with only some of the peers installed (an accelerator's)
+    ca = None
 
 jax.config.update("jax_enable_x64", True)
 
@@ -64,7 +68,8 @@ class Backend:
 
 NUMPY = Backend("numpy", np.stack, lambda A, v: A @ v, lambda S: S.tocsr(), np)
 JAX = Backend("jax", jnp.stack, lambda A, v: A @ v, lambda S: jnp.asarray(S.toarray()), jnp)
-CASADI = Backend("casadi", lambda xs: ca.vertcat(*xs), ca.mtimes, lambda S: ca.DM(S.tocsc()))
+CASADI = Backend("casadi", lambda xs: ca.vertcat(*xs), lambda A, v: ca.mtimes(A, v),
+                 lambda S: ca.DM(S.tocsc()))
 
 
 # --------------------------------------------------------------------------- problem
