@@ -21,6 +21,8 @@ runs on the CPU and the "check" stage compares the CPU with itself). Stages:
   median wall of ``--repeats`` warm runs, ms per member, members per second) and
   `jit(vmap(grad))` at the first size; against a loop of IDAS calls (scikit-sundae, on
   this machine's CPU) where installed.
+- ``queue``: a heterogeneous batch (step counts differing ~8x) against a homogeneous
+  one, in one chunk and through `solve_ensemble`'s queue (``--queue members,slots,segment``).
 - ``heat``: 64 heat problems at M = 20 (n = 400) in one `jit(vmap)` against 64 sequential
   IDAS calls (scikit-sundae, banded Jacobian) where installed.
 """
@@ -159,7 +161,7 @@ def _row(label, n, wall, compile_s=None):
           flush=True)
 
 
-def throughput(sizes, repeats):
+def throughput(sizes, repeats, grad=True, peers=True):
     prob = problems.robertson()
     solve = _solver(prob)
     print(f"{'':<40} {'n':>6} {'wall s':>10} {'ms/member':>11} {'members/s':>11} "
@@ -176,15 +178,70 @@ def throughput(sizes, repeats):
               f"{bool(np.all(status))}", flush=True)
     n = sizes[0]
     pb = jnp.asarray(prob.batch_args(n))
+    if grad:
+        _vmap_grad(solve, pb, repeats)
+    wall = _idas_loop(prob, pb) if peers else None
+    if wall is not None:
+        _row("IDAS (scikit-sundae) loop [cpu]", n, wall)
+
+
+def _vmap_grad(solve, pb, repeats):
+    n = pb.shape[0]
     g = jax.grad(lambda a: jnp.sum(solve(a)[0][-1]))
     t = time.perf_counter()
     fn = jax.jit(jax.vmap(g)).lower(pb).compile()
     compile_s = time.perf_counter() - t
     wall = _median_wall(lambda: fn(pb), repeats)
     _row(f"jit(vmap(grad)) [{jax.default_backend()}]", n, wall, compile_s)
-    wall = _idas_loop(prob, pb)
-    if wall is not None:
-        _row("IDAS (scikit-sundae) loop [cpu]", n, wall)
+
+
+def queue(n, slots, segment, repeats):
+    """A heterogeneous batch (p1 over four decades, t1 = 4 … 4e10 shuffled: step counts
+    differing ~8x) against a homogeneous one (p1 over one decade, t1 = 4e6), in one
+    `jit(vmap)` chunk and through `solve_ensemble`'s queue (`slots` members, `segment`
+    steps between refills); cost per member-step, heterogeneous / homogeneous."""
+    prob = problems.robertson()
+    residual = jax_residual(prob)
+    rng = np.random.default_rng(0)
+    het = np.tile(prob.args, (n, 1))
+    het[:, 0] *= 10.0 ** np.linspace(-2.0, 2.0, n)
+    batches = {"homogeneous": (prob.batch_args(n), np.full(n, 4e6)),
+               "heterogeneous": (het, rng.permutation(4.0 * 10.0 ** np.linspace(0, 10, n)))}
+    kw = dict(algebraic=prob.algebraic, rtol=prob.rtol, atol=jnp.asarray(prob.atol),
+              max_steps=100_000, batch=("t1", "yp0", "args"))
+    paths = {"one chunk": dict(queue=False),
+             f"queue {slots} x {segment}": dict(queue=True, chunk_size=slots,
+                                                 segment=segment)}
+
+    def run(name, path):
+        args, t1 = batches[name]
+        yp0 = np.stack([np.asarray(prob.yp0(a)) for a in args])
+        return dae.solve_ensemble(residual, prob.t0, t1, jnp.asarray(prob.y0), yp0, args,
+                                  **kw, **paths[path])
+
+    steps, walls = {}, {}
+    for name in batches:
+        for path in paths:
+            t = time.perf_counter()
+            sol = run(name, path)                               # compiles
+            print(f"  {name}, {path}: first call {time.perf_counter() - t:.1f} s",
+                  flush=True)
+            steps[name] = np.asarray(sol.stats["num_steps"])
+    for _ in range(repeats):                                    # interleaved
+        for name in batches:
+            for path in paths:
+                t = time.perf_counter()
+                jax.block_until_ready(run(name, path).ys)
+                walls.setdefault((name, path), []).append(time.perf_counter() - t)
+    for path in paths:
+        per = {name: statistics.median(walls[name, path]) / steps[name].sum()
+               for name in batches}
+        for name in batches:
+            _row(f"{path}, {name}", n, statistics.median(walls[name, path]))
+        print(f"  {path}: heterogeneous / homogeneous per member-step "
+              f"{per['heterogeneous'] / per['homogeneous']:.2f} (steps "
+              f"{steps['heterogeneous'].min()}-{steps['heterogeneous'].max()} vs "
+              f"{steps['homogeneous'].min()}-{steps['homogeneous'].max()})", flush=True)
 
 
 def heat_batch(repeats):
@@ -206,7 +263,11 @@ def heat_batch(repeats):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--stage", choices=("check", "throughput", "heat"), default=None)
+    p.add_argument("--stage", choices=("check", "throughput", "heat", "queue"), default=None)
+    p.add_argument("--no-grad", action="store_true", help="throughput: no vmap(grad)")
+    p.add_argument("--no-peers", action="store_true", help="throughput: no IDAS loop")
+    p.add_argument("--queue", default="4096,1024,256",
+                   help="queue stage: members, slots, steps per segment")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--sizes", default=None, help="comma-separated batch sizes")
     p.add_argument("--repeats", type=int, default=3)
@@ -218,9 +279,12 @@ def main():
     if a.stage in (None, "check"):
         check(a.quick)
     if a.stage in (None, "throughput"):
-        throughput(sizes, 1 if a.quick else a.repeats)
+        throughput(sizes, 1 if a.quick else a.repeats, not a.no_grad, not a.no_peers)
     if a.stage in (None, "heat"):
         heat_batch(1 if a.quick else a.repeats)
+    if a.stage == "queue" or (a.stage is None and not a.quick):
+        n, slots, segment = (int(v) for v in a.queue.split(","))
+        queue(n, slots, segment, 1 if a.quick else a.repeats)
 
 
 if __name__ == "__main__":
