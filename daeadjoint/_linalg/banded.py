@@ -90,7 +90,7 @@ def factor_band(values: Float[Array, " nnz"], sparsity: Sparsity, kernel: str):
     """Factorize the matrix with nonzeros `values` on the band pattern `sparsity` with the
     (resolved) kernel; the state for `solve_band`/`band_singular`."""
     if kernel == "lapack":
-        return band_lapack.factor(values, band_lapack.band_layout(sparsity))
+        return band_lapack.factor(values, sparsity)
     return factor_blocks(to_blocks(values, block_layout(sparsity)))
 
 
@@ -98,7 +98,7 @@ def solve_band(state, rhs: Float[Array, " n"], sparsity: Sparsity, kernel: str,
                transpose: bool = False):
     """J x = rhs (or Jᵀ x = rhs) with the state of `factor_band`."""
     if kernel == "lapack":
-        return band_lapack.solve(state, rhs, band_lapack.band_layout(sparsity), transpose)
+        return band_lapack.solve(state, rhs, sparsity, transpose)
     if transpose:
         return solve_blocks_transposed(state, rhs, sparsity.n)
     return solve_blocks(state, rhs, sparsity.n)
