@@ -98,10 +98,13 @@ def _matrix_operands(frame):
 
 
 @_inline
-def _factor(band, lu, ipiv, batch, n, w, kl, ku, double):
-    """lu, ipiv = gbtrf(band) matrix by matrix. A matrix with a non-finite entry is not
-    given to LAPACK: NaN factors (the singularity test fails) and identity pivots (a
-    solve with them stays in bounds)."""
+def _factor(values, index, lu, ipiv, batch, nnz, n, w, kl, ku, double):
+    """lu, ipiv = gbtrf(band) matrix by matrix, the band assembled here from its nonzeros
+    (`values[b, k]` at flat position `index[k]` of the (n, w) storage, zeros elsewhere):
+    in the member's own block, while it is in the cache, instead of a zero fill and a
+    scatter of the whole batch in XLA. A matrix with a non-finite entry is not given to
+    LAPACK: NaN factors (the singularity test fails) and identity pivots (a solve with
+    them stays in bounds)."""
     ints = np.empty(6, np.int32)    # m, n, kl, ku, ldab, info: LAPACK takes pointers
     ints[0] = n
     ints[1] = n
@@ -110,9 +113,10 @@ def _factor(band, lu, ipiv, batch, n, w, kl, ku, double):
     ints[4] = w
     for b in range(batch):
         start, finite = b * n * w, True
-        for k in range(start, start + n * w):
-            v = band[k]
-            lu[k] = v
+        lu[start:start + n * w] = 0.0
+        for k in range(nnz):
+            v = values[b * nnz + k]
+            lu[start + index[k]] = v
             finite = finite and np.isfinite(v)
         if not finite:
             lu[start:start + n * w] = np.nan
@@ -164,15 +168,32 @@ def _rhs_size(frame):
 _handler = numba.cfunc(types.intp(types.intp), nopython=True, cache=True)
 
 
+@_inline
+def _factor_operands(frame):
+    """(params, values address, batch, nnz, index address, lu address, n, w, ipiv
+    address) of a factor call: operands params, values (…, nnz), index (nnz) (or with
+    leading unit axes); results lu (…, n, w), ipiv (…, n)."""
+    params = _as_i32(_buffer(frame, _ARGS, 0)[0])
+    values, rank, dims_address = _buffer(frame, _ARGS, 1)
+    dims = _as_i64(dims_address)
+    batch = 1
+    for k in range(rank - 1):
+        batch *= dims[k]
+    nnz = dims[rank - 1]
+    index = _buffer(frame, _ARGS, 2)[0]
+    lu, lu_rank, lu_dims = _buffer(frame, _RETS, 0)
+    n, w = _as_i64(lu_dims)[lu_rank - 2], _as_i64(lu_dims)[lu_rank - 1]
+    return params, values, batch, nnz, index, lu, n, w, _buffer(frame, _RETS, 1)[0]
+
+
 @_handler
 def factor_f64(frame):
     if _answer_metadata(frame):
         return 0
-    params, data, batch, n, w = _matrix_operands(frame)
-    _factor(carray(_as_f64(data), (batch * n * w,)),
-            carray(_as_f64(_buffer(frame, _RETS, 0)[0]), (batch * n * w,)),
-            carray(_as_i32(_buffer(frame, _RETS, 1)[0]), (batch * n,)),
-            batch, n, w, params[0], params[1], True)
+    params, values, batch, nnz, index, lu, n, w, ipiv = _factor_operands(frame)
+    _factor(carray(_as_f64(values), (batch * nnz,)), carray(_as_i32(index), (nnz,)),
+            carray(_as_f64(lu), (batch * n * w,)), carray(_as_i32(ipiv), (batch * n,)),
+            batch, nnz, n, w, params[0], params[1], True)
     return 0
 
 
@@ -180,11 +201,10 @@ def factor_f64(frame):
 def factor_f32(frame):
     if _answer_metadata(frame):
         return 0
-    params, data, batch, n, w = _matrix_operands(frame)
-    _factor(carray(_as_f32(data), (batch * n * w,)),
-            carray(_as_f32(_buffer(frame, _RETS, 0)[0]), (batch * n * w,)),
-            carray(_as_i32(_buffer(frame, _RETS, 1)[0]), (batch * n,)),
-            batch, n, w, params[0], params[1], False)
+    params, values, batch, nnz, index, lu, n, w, ipiv = _factor_operands(frame)
+    _factor(carray(_as_f32(values), (batch * nnz,)), carray(_as_i32(index), (nnz,)),
+            carray(_as_f32(lu), (batch * n * w,)), carray(_as_i32(ipiv), (batch * n,)),
+            batch, nnz, n, w, params[0], params[1], False)
     return 0
 
 

@@ -19,10 +19,13 @@ store them.
 
 Targets, for dtype in {float32, float64} (`targets(dtype)`):
 
-- factor: operands (params = [l, u, 0] int32, band (…, n, w)); results (lu (…, n, w),
-  ipiv (…, n) int32, 1-based as LAPACK's). A matrix with a non-finite entry is not given
-  to LAPACK: its factors are NaN (so the singularity test fails) and its pivots the
-  identity (so a solve with them stays in bounds).
+- factor: operands (params = [l, u, 0] int32, values (…, nnz), index (nnz,) int32: the
+  flat position of each nonzero in the (n, w) band storage); results (lu (…, n, w),
+  ipiv (…, n) int32, 1-based as LAPACK's). The handler assembles each member's band
+  (zeros, then the nonzeros) in its result block and factorizes it there. A matrix
+  with a non-finite entry is not given to LAPACK: its factors are NaN (so the
+  singularity test fails) and its pivots the identity (so a solve with them stays in
+  bounds).
 - solve: operands (params = [l, u, trans] int32, lu (B…, n, w), ipiv (B…, n), rhs);
   result x. The right-hand sides are rhs reshaped to (B, R, n): R of them per matrix
   (R = size(rhs) / (B·n)), solved by one gbtrs call per matrix.
