@@ -11,7 +11,8 @@ ctypes pointer (an address, frozen into the code) but through an external symbol
 routine in the process's symbol table before any handler is compiled or loaded.
 
 Handlers (`lapack_ffi.py` documents their operands and results): `factor_f64`,
-`solve_f64`, `factor_f32`, `solve_f32`, each `intp(intp)`: frame address -> 0.
+`solve_f64`, `factor_where_f64` and their `_f32` twins, each `intp(intp)`: frame
+address -> 0.
 """
 
 import llvmlite.binding as llvm
@@ -98,8 +99,8 @@ def _matrix_operands(frame):
 
 
 @_inline
-def _factor(values, index, lu, ipiv, batch, nnz, n, w, kl, ku, double):
-    """lu, ipiv = gbtrf(band) matrix by matrix, the band assembled here from its nonzeros
+def _factor(values, index, lu, ipiv, b, nnz, n, w, kl, ku, double):
+    """lu, ipiv of member b = gbtrf(band), the band assembled here from its nonzeros
     (`values[b, k]` at flat position `index[k]` of the (n, w) storage, zeros elsewhere):
     in the member's own block, while it is in the cache, instead of a zero fill and a
     scatter of the whole batch in XLA. A matrix with a non-finite entry is not given to
@@ -111,24 +112,23 @@ def _factor(values, index, lu, ipiv, batch, nnz, n, w, kl, ku, double):
     ints[2] = kl
     ints[3] = ku
     ints[4] = w
-    for b in range(batch):
-        start, finite = b * n * w, True
-        lu[start:start + n * w] = 0.0
-        for k in range(nnz):
-            v = values[b * nnz + k]
-            lu[start + index[k]] = v
-            finite = finite and np.isfinite(v)
-        if not finite:
-            lu[start:start + n * w] = np.nan
-            for i in range(n):
-                ipiv[b * n + i] = i + 1
-            continue
-        args = (ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes, ints[3:].ctypes,
-                lu[start:].ctypes, ints[4:].ctypes, ipiv[b * n:].ctypes, ints[5:].ctypes)
-        if double:
-            _dgbtrf(*args)
-        else:
-            _sgbtrf(*args)
+    start, finite = b * n * w, True
+    lu[start:start + n * w] = 0.0
+    for k in range(nnz):
+        v = values[b * nnz + k]
+        lu[start + index[k]] = v
+        finite = finite and np.isfinite(v)
+    if not finite:
+        lu[start:start + n * w] = np.nan
+        for i in range(n):
+            ipiv[b * n + i] = i + 1
+        return
+    args = (ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes, ints[3:].ctypes,
+            lu[start:].ctypes, ints[4:].ctypes, ipiv[b * n:].ctypes, ints[5:].ctypes)
+    if double:
+        _dgbtrf(*args)
+    else:
+        _sgbtrf(*args)
 
 
 @_inline
@@ -191,9 +191,10 @@ def factor_f64(frame):
     if _answer_metadata(frame):
         return 0
     params, values, batch, nnz, index, lu, n, w, ipiv = _factor_operands(frame)
-    _factor(carray(_as_f64(values), (batch * nnz,)), carray(_as_i32(index), (nnz,)),
-            carray(_as_f64(lu), (batch * n * w,)), carray(_as_i32(ipiv), (batch * n,)),
-            batch, nnz, n, w, params[0], params[1], True)
+    for b in range(batch):
+        _factor(carray(_as_f64(values), (batch * nnz,)), carray(_as_i32(index), (nnz,)),
+                carray(_as_f64(lu), (batch * n * w,)), carray(_as_i32(ipiv), (batch * n,)),
+                b, nnz, n, w, params[0], params[1], True)
     return 0
 
 
@@ -202,9 +203,40 @@ def factor_f32(frame):
     if _answer_metadata(frame):
         return 0
     params, values, batch, nnz, index, lu, n, w, ipiv = _factor_operands(frame)
-    _factor(carray(_as_f32(values), (batch * nnz,)), carray(_as_i32(index), (nnz,)),
-            carray(_as_f32(lu), (batch * n * w,)), carray(_as_i32(ipiv), (batch * n,)),
-            batch, nnz, n, w, params[0], params[1], False)
+    for b in range(batch):
+        _factor(carray(_as_f32(values), (batch * nnz,)), carray(_as_i32(index), (nnz,)),
+                carray(_as_f32(lu), (batch * n * w,)), carray(_as_i32(ipiv), (batch * n,)),
+                b, nnz, n, w, params[0], params[1], False)
+    return 0
+
+
+@_handler
+def factor_where_f64(frame):
+    if _answer_metadata(frame):
+        return 0
+    params, values, batch, nnz, index, lu, n, w, ipiv = _factor_operands(frame)
+    pred = carray(_as_i32(_buffer(frame, _ARGS, 3)[0]), (batch,))
+    for b in range(batch):
+        if pred[b] != 0:     # the others keep their factors: lu, ipiv alias the old ones
+            _factor(carray(_as_f64(values), (batch * nnz,)), carray(_as_i32(index), (nnz,)),
+                    carray(_as_f64(lu), (batch * n * w,)),
+                    carray(_as_i32(ipiv), (batch * n,)),
+                    b, nnz, n, w, params[0], params[1], True)
+    return 0
+
+
+@_handler
+def factor_where_f32(frame):
+    if _answer_metadata(frame):
+        return 0
+    params, values, batch, nnz, index, lu, n, w, ipiv = _factor_operands(frame)
+    pred = carray(_as_i32(_buffer(frame, _ARGS, 3)[0]), (batch,))
+    for b in range(batch):
+        if pred[b] != 0:
+            _factor(carray(_as_f32(values), (batch * nnz,)), carray(_as_i32(index), (nnz,)),
+                    carray(_as_f32(lu), (batch * n * w,)),
+                    carray(_as_i32(ipiv), (batch * n,)),
+                    b, nnz, n, w, params[0], params[1], False)
     return 0
 
 

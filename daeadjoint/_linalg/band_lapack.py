@@ -84,14 +84,19 @@ class BandFactors(NamedTuple):
     pivots: Float[Array, " n"]
 
 
+def _equilibrate(values, layout: BandLayout):
+    """(d, J_s's nonzeros): d = 1/‖row‖∞ (1 for a zero row), J_s = diag(d) J."""
+    rownorm = jnp.zeros(layout.n, values.dtype).at[layout.rows].max(jnp.abs(values))
+    d = 1.0 / jnp.where(rownorm > 0, rownorm, 1.0)
+    return d, values * d[layout.rows]
+
+
 def factor(values: Float[Array, " nnz"], sparsity: Sparsity) -> BandFactors:
     """Row-equilibrate and factorize the matrix with nonzeros `values` on `sparsity`."""
     layout = band_layout(sparsity)
     n, l, u = layout.n, layout.lower, layout.upper
-    rownorm = jnp.zeros(n, values.dtype).at[layout.rows].max(jnp.abs(values))
-    d = 1.0 / jnp.where(rownorm > 0, rownorm, 1.0)
-    scaled = values * d[layout.rows]
-    factor_target, _ = lapack_ffi.targets(values.dtype)
+    d, scaled = _equilibrate(values, layout)
+    factor_target, _, _ = lapack_ffi.targets(values.dtype)
     # The custom call assembles each member's band from the nonzeros itself (no zero fill
     # and scatter of a batch of n·w arrays in XLA) and factorizes it in place.
     lu, ipiv = jax.ffi.ffi_call(
@@ -101,6 +106,27 @@ def factor(values: Float[Array, " nnz"], sparsity: Sparsity) -> BandFactors:
         vmap_method="expand_dims",
     )(_params(l, u, False), jax.lax.stop_gradient(scaled), jnp.asarray(layout.flat))
     return BandFactors(d, scaled, lu, ipiv, lu[..., :, l + u])
+
+
+def factor_where(pred: Bool[Array, ""], state: BandFactors, values: Float[Array, " nnz"],
+                 sparsity: Sparsity) -> BandFactors:
+    """`factor(values, sparsity)` where `pred`, else `state`. Under `vmap` with a batched
+    `pred`, one custom call factorizes only the members with `pred` and leaves the
+    others' factors where they are (aliased: no copy); unbatched it is `factor` when
+    `pred` (else `state`). The per-member results equal `factor`'s bit for bit."""
+    layout = band_layout(sparsity)
+    l, u = layout.lower, layout.upper
+    d, scaled = _equilibrate(values, layout)
+    _, _, where_target = lapack_ffi.targets(values.dtype)
+    lu, ipiv = jax.ffi.ffi_call(
+        where_target,
+        (jax.ShapeDtypeStruct(state.lu.shape, state.lu.dtype),
+         jax.ShapeDtypeStruct(state.ipiv.shape, jnp.int32)),
+        vmap_method="broadcast_all", input_output_aliases={4: 0, 5: 1},
+    )(_params(l, u, False), jax.lax.stop_gradient(scaled), jnp.asarray(layout.flat),
+      jnp.asarray(pred).astype(jnp.int32), jax.lax.stop_gradient(state.lu), state.ipiv)
+    return BandFactors(jnp.where(pred, d, state.d), jnp.where(pred, scaled, state.values),
+                       lu, ipiv, lu[..., :, l + u])
 
 
 def solve(state: BandFactors, rhs: Float[Array, " n"], sparsity: Sparsity,
@@ -141,7 +167,7 @@ def _solve_body(values, lu, ipiv, rhs, *, sparsity, transpose):
     `lu` is one matrix (every right-hand side solved with it) or a batch aligned with
     `rhs` (`_batch`)."""
     del values
-    _, solve_target = lapack_ffi.targets(lu.dtype)
+    _, solve_target, _ = lapack_ffi.targets(lu.dtype)
     return jax.ffi.ffi_call(solve_target, jax.ShapeDtypeStruct(rhs.shape, rhs.dtype))(
         _params(sparsity.lower, sparsity.upper, transpose), lu, ipiv, rhs)
 
