@@ -20,6 +20,9 @@ Rows are equilibrated by their ∞-norms first (as `banded.py`), and the singula
 
 - `factor(values, sparsity)` → `BandFactors` (gbtrf, in place; not differentiated: the factors
   are data for the solve, whose derivative rules use the matrix itself).
+- `factor_where(pred, state, values, sparsity)`: `factor` where `pred`, else `state`; a
+  batch's members with `pred` are factorized in one custom call, the others' factors
+  stay in place (the Newton iteration's refresh under `vmap`).
 - `band_solve_p(values, lu, ipiv, rhs)`: J x = rhs (or Jᵀ x = rhs) by gbtrs. A primitive,
   like `klu.klu_solve_p`, so that it is a differentiable linear solve: JVP
   d(J⁻¹ b) = J⁻¹ (db − dJ x) with dJ from the tangent of `values` (J's nonzeros),
