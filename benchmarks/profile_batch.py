@@ -3,6 +3,7 @@ per phase of the step, against the unbatched solve.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/profile_batch.py            # 256 members
     OPENBLAS_NUM_THREADS=1 python benchmarks/profile_batch.py -n 64 --top 30
+    OPENBLAS_NUM_THREADS=1 python benchmarks/profile_batch.py --problem heat -n 64
 
 Problem: `problems.robertson()` (0 … 4e10, 12 outputs, rtol 1e-6, IDAS's atol), p1 scaled
 by 10**linspace(-0.5, 0.5, n) (the batch of `benchmarks/ensembles.py`).
@@ -194,14 +195,38 @@ def main():
     ap.add_argument("-n", type=int, default=256, help="members (default 256)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--top", type=int, default=12, help="list the dearest thunks")
+    ap.add_argument("--problem", choices=("robertson", "heat"), default="robertson",
+                    help="heat: `large.py`'s batch row (R5 at M = 20, n = 484, one output, "
+                         "the default linear solver, k in linspace(0.5, 2, n))")
     a = ap.parse_args()
-    prob = problems.robertson()
-    solve = peers.daeadjoint_solve(prob)
     print(f"# Batched step profile — jax {jax.__version__}, {os.cpu_count()} CPUs, load "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    profile("unbatched solve (p1 = 0.04)", solve, jnp.asarray(prob.args), a.repeats, a.top)
-    profile(f"jit(vmap(solve)), {a.n} members", jax.vmap(solve),
-            jnp.asarray(prob.batch_args(a.n)), a.repeats, a.top)
+    if a.problem == "heat":
+        solve, one, batch = heat_problem(a.n)
+    else:
+        prob = problems.robertson()
+        solve = peers.daeadjoint_solve(prob)
+        one, batch = jnp.asarray(prob.args), jnp.asarray(prob.batch_args(a.n))
+    profile(f"unbatched solve ({a.problem})", solve, one, a.repeats, a.top)
+    profile(f"jit(vmap(solve)), {a.n} members", jax.vmap(solve), batch, a.repeats, a.top)
+
+
+def heat_problem(n: int):
+    """`large.py`'s batch: R5 heat at M = 20 with p1 = p2 = k, the default solver."""
+    import daeadjoint as dae
+    import large
+
+    M = 20
+    residual, u0 = large.heat_residual(M), jnp.asarray(large.heat_u0(M))
+
+    def solve(k):
+        p = jnp.stack([k, k])
+        sol = dae.solve(residual, 0.0, large.T1, u0,
+                        -residual(0.0, u0, jnp.zeros_like(u0), p), p,
+                        rtol=large.RTOL, atol=large.ATOL, max_steps=5000)
+        return jnp.sum(sol.ys[-1] ** 2), sol.stats["num_steps"]
+
+    return solve, jnp.asarray(1.0), jnp.linspace(0.5, 2.0, n)
 
 
 if __name__ == "__main__":

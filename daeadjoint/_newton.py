@@ -17,6 +17,7 @@ predictor, with the iteration matrix J = F_y + cj_old F_y' of the last setup:
   correction.
 """
 
+import functools
 from typing import NamedTuple
 
 import equinox as eqx
@@ -39,7 +40,7 @@ def tree_where(pred, a, b):
     return jax.tree_util.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)
 
 
-def maybe_update(pred, update, operand, pass_operand: bool = False):
+def maybe_update(pred, update, operand, pass_operand: bool = False, selects: bool = False):
     """`update()` where `pred`, else `operand` — as a loop of at most one trip, not a
     `lax.cond`: XLA gives a conditional's result its own buffer, so a cond whose other
     branch returns `operand` copies it whole each time it runs, while a loop passes its
@@ -51,10 +52,14 @@ def maybe_update(pred, update, operand, pass_operand: bool = False):
 
     `update` may take the operand as its argument (`pass_operand`): reading it from the
     loop's carry rather than from a closure lets XLA update it in place (a value both
-    carried and closed over is copied on every entry to the loop)."""
+    carried and closed over is copied on every entry to the loop).
+
+    `selects`: `update` itself returns the operand where not `pred` (the Newton
+    iteration's `setup_where`, which factorizes only the members that need it and
+    leaves the others' factors in place): no `where` here, which would copy them."""
     def body(c):
         new = update(c[1]) if pass_operand else update()
-        return jnp.zeros_like(c[0]), tree_where(pred, new, c[1])
+        return jnp.zeros_like(c[0]), new if selects else tree_where(pred, new, c[1])
 
     return jax.lax.while_loop(lambda c: c[0], body, (unvmap_any(pred), operand))[1]
 
@@ -114,15 +119,19 @@ class _Iteration(NamedTuple):
 
 # Kept whole: the iteration body, its convergence test and the redo after a failure with
 # an old Jacobian share the loop carry; its length is mostly that body (IDAS IDANls).
-def setup_linear(linear_solver, residual, t, y, yp, cj, args, index2=None):
+def setup_linear(linear_solver, residual, t, y, yp, cj, args, index2=None, where=None):
     """The linear solver's setup of J = F_y + cj F_y' at (t, y, y') — of J D, D = cj on
     the `index2` columns and 1 elsewhere, when the index-2 mask is given (the column
-    scaling of `newton_solve`): the Jacobian of w ↦ F(t, D w, D w') at w = D⁻¹ y."""
+    scaling of `newton_solve`): the Jacobian of w ↦ F(t, D w, D w') at w = D⁻¹ y.
+    `where` = (pred, state): set up where pred, else keep state (`setup_where`: under
+    vmap a solver may factorize only the members that need it)."""
+    setup = (linear_solver.setup if where is None
+             else functools.partial(linear_solver.setup_where, *where))
     if index2 is None:
-        return linear_solver.setup(residual, t, y, yp, cj, args)
+        return setup(residual, t, y, yp, cj, args)
     d = jnp.where(index2, cj, 1.0).astype(y.dtype)
-    return linear_solver.setup(lambda t_, w, wp, a: residual(t_, d * w, d * wp, a), t,
-                               y / d, yp / d, cj, args)
+    return setup(lambda t_, w, wp, a: residual(t_, d * w, d * wp, a), t, y / d, yp / d,
+                 cj, args)
 
 
 def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
@@ -164,14 +173,17 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         do_setup = c.setup
 
         def setup(operand):
+            # Where not `do_setup` (other members of a batch) every part is `operand`'s:
+            # the factors by `setup_where`, the rest selected here.
             y_s, yp_s = y_pred + ee, yp_pred + cj * ee
             lin_new = setup_linear(linear_solver, residual, t, y_s, yp_s, cj, args,
-                                   index2 if scale_cols else None)
-            new = (lin_new, linear_solver.is_singular(lin_new), (t, y_s, yp_s))
-            if mask_probe is None:
-                return new
-            mask = operand[-1]
-            return new + (mask | depends_on_yp(residual, t, y_s, yp_s, args, mask_probe),)
+                                   index2 if scale_cols else None,
+                                   where=(do_setup, operand[0]))
+            new = (linear_solver.is_singular(lin_new), (t, y_s, yp_s))
+            if mask_probe is not None:
+                mask = operand[-1]
+                new = new + (mask | depends_on_yp(residual, t, y_s, yp_s, args, mask_probe),)
+            return (lin_new,) + tree_where(do_setup, new, operand[1:])
 
         # Everything that changes only with a setup is computed in its one-trip loop
         # (not selected on every iteration: each select is an operation of the
@@ -179,7 +191,8 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         # the mask only where it is probed). `do_setup` stands in for the singularity
         # flag without a setup, where it is False.
         operand = (c.lin, do_setup, c.jac_point) + (() if mask_probe is None else (c.mask,))
-        lin, singular, jac_point, *probed = maybe_update(do_setup, setup, operand, pass_operand=True)
+        lin, singular, jac_point, *probed = maybe_update(do_setup, setup, operand,
+                                                         pass_operand=True, selects=True)
         mask = probed[0] if probed else c.mask
         singular = do_setup & singular
         cj_old_ = jnp.where(do_setup, cj, c.cj_old)

@@ -367,6 +367,46 @@ def test_band_kernels_against_numpy(kernel):
         False, True, True, True]
 
 
+@pytest.mark.parametrize("kernel", ["lapack", "jax"])
+def test_band_refresh_where_factorizes_only_the_members_asked(kernel):
+    """`factor_band_where` (the Newton iteration's refresh, `setup_where`) under vmap:
+    the members with pred get the factors of their new matrix, the others keep their
+    old factors. Checked by solving with the result against numpy's dense solve of the
+    matrix each member should hold (new or old), for J and Jᵀ, float64 and float32, and
+    unbatched with pred True and False. Well-conditioned J (diagonal +4): ~10 ulp; we
+    allow 1e-12 (float64) and 10 float32 ulp of the largest |x| (float32), as in
+    test_band_kernels_against_numpy."""
+    from daeadjoint._linalg.banded import factor_band, factor_band_where, solve_band
+
+    pattern, old, rhs, dense, _ = random_band_systems(37, 3, 1, 5, 2, seed=2)
+    new = random_band_systems(37, 3, 1, 5, 2, seed=3)[1]
+    pred = np.array([True, False, False, True, False])
+
+    def reference(transpose):     # the matrix each member should hold, solved densely
+        held = np.where(pred[:, None], new, old)
+        return np.stack([[np.linalg.solve(dense(v).T if transpose else dense(v), b)
+                          for b in rs] for v, rs in zip(held, rhs)])
+
+    def refresh(p, v_old, v_new, b, transpose):
+        state = factor_band_where(p, factor_band(v_old, pattern, kernel), v_new, pattern,
+                                  kernel)
+        return jax.vmap(lambda r: solve_band(state, r, pattern, kernel, transpose))(b)
+
+    for dtype, tol in ((jnp.float64, None), (jnp.float32, 10 * np.finfo(np.float32).eps)):
+        for transpose in (False, True):
+            f = jax.jit(jax.vmap(functools.partial(refresh, transpose=transpose)))
+            x = f(pred, old.astype(dtype), new.astype(dtype), rhs.astype(dtype))
+            assert x.dtype == dtype
+            expected = reference(transpose)
+            atol = 1e-12 if tol is None else tol * np.abs(expected).max()
+            np.testing.assert_allclose(x, expected, rtol=0, atol=atol)
+            for member in (0, 1):     # unbatched: pred True and False
+                x1 = jax.jit(functools.partial(refresh, transpose=transpose))(
+                    pred[member], old[member].astype(dtype), new[member].astype(dtype),
+                    rhs[member].astype(dtype))
+                np.testing.assert_allclose(x1, expected[member], rtol=0, atol=atol)
+
+
 @KLU
 def test_klu_singularity_test_agrees_with_dense():
     """`is_singular` of the KLU backend against DenseLU's on the same matrices: a

@@ -11,7 +11,8 @@ ctypes pointer (an address, frozen into the code) but through an external symbol
 routine in the process's symbol table before any handler is compiled or loaded.
 
 Handlers (`lapack_ffi.py` documents their operands and results): `factor_f64`,
-`solve_f64`, `factor_f32`, `solve_f32`, each `intp(intp)`: frame address -> 0.
+`solve_f64`, `factor_where_f64` and their `_f32` twins, each `intp(intp)`: frame
+address -> 0.
 """
 
 import llvmlite.binding as llvm
@@ -98,33 +99,36 @@ def _matrix_operands(frame):
 
 
 @_inline
-def _factor(band, lu, ipiv, batch, n, w, kl, ku, double):
-    """lu, ipiv = gbtrf(band) matrix by matrix. A matrix with a non-finite entry is not
-    given to LAPACK: NaN factors (the singularity test fails) and identity pivots (a
-    solve with them stays in bounds)."""
+def _factor(values, index, lu, ipiv, b, nnz, n, w, kl, ku, double):
+    """lu, ipiv of member b = gbtrf(band), the band assembled here from its nonzeros
+    (`values[b, k]` at flat position `index[k]` of the (n, w) storage, zeros elsewhere):
+    in the member's own block, while it is in the cache, instead of a zero fill and a
+    scatter of the whole batch in XLA. A matrix with a non-finite entry is not given to
+    LAPACK: NaN factors (the singularity test fails) and identity pivots (a solve with
+    them stays in bounds)."""
     ints = np.empty(6, np.int32)    # m, n, kl, ku, ldab, info: LAPACK takes pointers
     ints[0] = n
     ints[1] = n
     ints[2] = kl
     ints[3] = ku
     ints[4] = w
-    for b in range(batch):
-        start, finite = b * n * w, True
-        for k in range(start, start + n * w):
-            v = band[k]
-            lu[k] = v
-            finite = finite and np.isfinite(v)
-        if not finite:
-            lu[start:start + n * w] = np.nan
-            for i in range(n):
-                ipiv[b * n + i] = i + 1
-            continue
-        args = (ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes, ints[3:].ctypes,
-                lu[start:].ctypes, ints[4:].ctypes, ipiv[b * n:].ctypes, ints[5:].ctypes)
-        if double:
-            _dgbtrf(*args)
-        else:
-            _sgbtrf(*args)
+    start, finite = b * n * w, True
+    lu[start:start + n * w] = 0.0
+    for k in range(nnz):
+        v = values[b * nnz + k]
+        lu[start + index[k]] = v
+        finite = finite and np.isfinite(v)
+    if not finite:
+        lu[start:start + n * w] = np.nan
+        for i in range(n):
+            ipiv[b * n + i] = i + 1
+        return
+    args = (ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes, ints[3:].ctypes,
+            lu[start:].ctypes, ints[4:].ctypes, ipiv[b * n:].ctypes, ints[5:].ctypes)
+    if double:
+        _dgbtrf(*args)
+    else:
+        _sgbtrf(*args)
 
 
 @_inline
@@ -164,15 +168,33 @@ def _rhs_size(frame):
 _handler = numba.cfunc(types.intp(types.intp), nopython=True, cache=True)
 
 
+@_inline
+def _factor_operands(frame):
+    """(params, values address, batch, nnz, index address, lu address, n, w, ipiv
+    address) of a factor call: operands params, values (…, nnz), index (nnz) (or with
+    leading unit axes); results lu (…, n, w), ipiv (…, n)."""
+    params = _as_i32(_buffer(frame, _ARGS, 0)[0])
+    values, rank, dims_address = _buffer(frame, _ARGS, 1)
+    dims = _as_i64(dims_address)
+    batch = 1
+    for k in range(rank - 1):
+        batch *= dims[k]
+    nnz = dims[rank - 1]
+    index = _buffer(frame, _ARGS, 2)[0]
+    lu, lu_rank, lu_dims = _buffer(frame, _RETS, 0)
+    n, w = _as_i64(lu_dims)[lu_rank - 2], _as_i64(lu_dims)[lu_rank - 1]
+    return params, values, batch, nnz, index, lu, n, w, _buffer(frame, _RETS, 1)[0]
+
+
 @_handler
 def factor_f64(frame):
     if _answer_metadata(frame):
         return 0
-    params, data, batch, n, w = _matrix_operands(frame)
-    _factor(carray(_as_f64(data), (batch * n * w,)),
-            carray(_as_f64(_buffer(frame, _RETS, 0)[0]), (batch * n * w,)),
-            carray(_as_i32(_buffer(frame, _RETS, 1)[0]), (batch * n,)),
-            batch, n, w, params[0], params[1], True)
+    params, values, batch, nnz, index, lu, n, w, ipiv = _factor_operands(frame)
+    for b in range(batch):
+        _factor(carray(_as_f64(values), (batch * nnz,)), carray(_as_i32(index), (nnz,)),
+                carray(_as_f64(lu), (batch * n * w,)), carray(_as_i32(ipiv), (batch * n,)),
+                b, nnz, n, w, params[0], params[1], True)
     return 0
 
 
@@ -180,11 +202,41 @@ def factor_f64(frame):
 def factor_f32(frame):
     if _answer_metadata(frame):
         return 0
-    params, data, batch, n, w = _matrix_operands(frame)
-    _factor(carray(_as_f32(data), (batch * n * w,)),
-            carray(_as_f32(_buffer(frame, _RETS, 0)[0]), (batch * n * w,)),
-            carray(_as_i32(_buffer(frame, _RETS, 1)[0]), (batch * n,)),
-            batch, n, w, params[0], params[1], False)
+    params, values, batch, nnz, index, lu, n, w, ipiv = _factor_operands(frame)
+    for b in range(batch):
+        _factor(carray(_as_f32(values), (batch * nnz,)), carray(_as_i32(index), (nnz,)),
+                carray(_as_f32(lu), (batch * n * w,)), carray(_as_i32(ipiv), (batch * n,)),
+                b, nnz, n, w, params[0], params[1], False)
+    return 0
+
+
+@_handler
+def factor_where_f64(frame):
+    if _answer_metadata(frame):
+        return 0
+    params, values, batch, nnz, index, lu, n, w, ipiv = _factor_operands(frame)
+    pred = carray(_as_i32(_buffer(frame, _ARGS, 3)[0]), (batch,))
+    for b in range(batch):
+        if pred[b] != 0:     # the others keep their factors: lu, ipiv alias the old ones
+            _factor(carray(_as_f64(values), (batch * nnz,)), carray(_as_i32(index), (nnz,)),
+                    carray(_as_f64(lu), (batch * n * w,)),
+                    carray(_as_i32(ipiv), (batch * n,)),
+                    b, nnz, n, w, params[0], params[1], True)
+    return 0
+
+
+@_handler
+def factor_where_f32(frame):
+    if _answer_metadata(frame):
+        return 0
+    params, values, batch, nnz, index, lu, n, w, ipiv = _factor_operands(frame)
+    pred = carray(_as_i32(_buffer(frame, _ARGS, 3)[0]), (batch,))
+    for b in range(batch):
+        if pred[b] != 0:
+            _factor(carray(_as_f32(values), (batch * nnz,)), carray(_as_i32(index), (nnz,)),
+                    carray(_as_f32(lu), (batch * n * w,)),
+                    carray(_as_i32(ipiv), (batch * n,)),
+                    b, nnz, n, w, params[0], params[1], False)
     return 0
 
 

@@ -18,13 +18,17 @@ shape (n, 2l + u + 1) is the Fortran-ordered (2l + u + 1, n) array LAPACK reads:
 Rows are equilibrated by their ∞-norms first (as `banded.py`), and the singularity test is
 `DenseLU`'s on U's diagonal (gbtrf's pivots): non-finite, or ≤ n·eps·max |pivot|.
 
-- `factor(values, layout)` → `BandFactors` (gbtrf; not differentiated: the factors
+- `factor(values, sparsity)` → `BandFactors` (gbtrf, in place; not differentiated: the factors
   are data for the solve, whose derivative rules use the matrix itself).
-- `band_solve_p(band, lu, ipiv, rhs)`: J x = rhs (or Jᵀ x = rhs) by gbtrs. A primitive,
+- `factor_where(pred, state, values, sparsity)`: `factor` where `pred`, else `state`; a
+  batch's members with `pred` are factorized in one custom call, the others' factors
+  stay in place (the Newton iteration's refresh under `vmap`).
+- `band_solve_p(values, lu, ipiv, rhs)`: J x = rhs (or Jᵀ x = rhs) by gbtrs. A primitive,
   like `klu.klu_solve_p`, so that it is a differentiable linear solve: JVP
-  d(J⁻¹ b) = J⁻¹ (db − dJ x) with dJ from `band`'s tangent, transpose = the solve with
-  Jᵀ (`DiscreteAdjoint` differentiates through it), and a batching rule that hands a
-  batch of matrices, or many right-hand sides of one matrix, to one custom call.
+  d(J⁻¹ b) = J⁻¹ (db − dJ x) with dJ from the tangent of `values` (J's nonzeros),
+  transpose = the solve with Jᵀ (`DiscreteAdjoint` differentiates through it), and a
+  batching rule that hands a batch of matrices, or many right-hand sides of one matrix,
+  to one custom call.
 """
 
 import functools
@@ -54,6 +58,11 @@ class BandLayout(NamedTuple):
     def width(self) -> int:
         return 2 * self.lower + self.upper + 1
 
+    @property
+    def flat(self) -> np.ndarray:
+        """The position of each nonzero in the C-ordered (n, w) storage (int32)."""
+        return (self.index[0] * self.width + self.index[1]).astype(np.int32)
+
 
 @functools.lru_cache(maxsize=64)
 def band_layout(sparsity: Sparsity) -> BandLayout:
@@ -65,43 +74,75 @@ def band_layout(sparsity: Sparsity) -> BandLayout:
 
 
 class BandFactors(NamedTuple):
-    """The state of one factorization: the row scaling d (J_s = diag(d) J), J_s in band
-    storage (the derivative rules of the solve need the matrix), its LU factors, gbtrf's
+    """The state of one factorization: the row scaling d (J_s = diag(d) J), J_s's
+    nonzeros on the layout (the derivative rules of the solve need the matrix: nnz
+    numbers, not the n·w of the band storage — the state is carried, and under `vmap`
+    selected and copied, through the step and Newton loops), its LU factors, gbtrf's
     pivot rows (1-based, as LAPACK's), and U's diagonal (the singularity test)."""
 
     d: Float[Array, " n"]
-    band: Float[Array, "n w"]
+    values: Float[Array, " nnz"]
     lu: Float[Array, "n w"]
     ipiv: Int[Array, " n"]
     pivots: Float[Array, " n"]
 
 
-def factor(values: Float[Array, " nnz"], layout: BandLayout) -> BandFactors:
-    """Row-equilibrate and factorize the matrix with nonzeros `values` on `layout`."""
-    n, l, u = layout.n, layout.lower, layout.upper
-    rownorm = jnp.zeros(n, values.dtype).at[layout.rows].max(jnp.abs(values))
+def _equilibrate(values, layout: BandLayout):
+    """(d, J_s's nonzeros): d = 1/‖row‖∞ (1 for a zero row), J_s = diag(d) J."""
+    rownorm = jnp.zeros(layout.n, values.dtype).at[layout.rows].max(jnp.abs(values))
     d = 1.0 / jnp.where(rownorm > 0, rownorm, 1.0)
-    scaled = values * d[layout.rows]
-    band = jnp.zeros((n, layout.width), values.dtype).at[layout.index].set(scaled)
-    factor_target, _ = lapack_ffi.targets(band.dtype)
+    return d, values * d[layout.rows]
+
+
+def factor(values: Float[Array, " nnz"], sparsity: Sparsity) -> BandFactors:
+    """Row-equilibrate and factorize the matrix with nonzeros `values` on `sparsity`."""
+    layout = band_layout(sparsity)
+    n, l, u = layout.n, layout.lower, layout.upper
+    d, scaled = _equilibrate(values, layout)
+    factor_target, _, _ = lapack_ffi.targets(values.dtype)
+    # The custom call assembles each member's band from the nonzeros itself (no zero fill
+    # and scatter of a batch of n·w arrays in XLA) and factorizes it in place.
     lu, ipiv = jax.ffi.ffi_call(
         factor_target,
-        (jax.ShapeDtypeStruct(band.shape, band.dtype),
+        (jax.ShapeDtypeStruct((n, layout.width), values.dtype),
          jax.ShapeDtypeStruct((n,), jnp.int32)),
-        vmap_method="broadcast_all",
-    )(_params(l, u, False), jax.lax.stop_gradient(band))
-    return BandFactors(d, band, lu, ipiv, lu[..., :, l + u])
+        vmap_method="expand_dims",
+    )(_params(l, u, False), jax.lax.stop_gradient(scaled), jnp.asarray(layout.flat))
+    return BandFactors(d, scaled, lu, ipiv, lu[..., :, l + u])
 
 
-def solve(state: BandFactors, rhs: Float[Array, " n"], layout: BandLayout,
+def factor_where(pred: Bool[Array, ""], state: BandFactors, values: Float[Array, " nnz"],
+                 sparsity: Sparsity) -> BandFactors:
+    """`factor(values, sparsity)` where `pred`, else `state`. Under `vmap` with a batched
+    `pred`, one custom call factorizes only the members with `pred` and leaves the
+    others' factors where they are (aliased: no copy); unbatched it is `factor` when
+    `pred` (else `state`). The per-member results equal `factor`'s bit for bit."""
+    layout = band_layout(sparsity)
+    l, u = layout.lower, layout.upper
+    d, scaled = _equilibrate(values, layout)
+    _, _, where_target = lapack_ffi.targets(values.dtype)
+    lu, ipiv = jax.ffi.ffi_call(
+        where_target,
+        (jax.ShapeDtypeStruct(state.lu.shape, state.lu.dtype),
+         jax.ShapeDtypeStruct(state.ipiv.shape, jnp.int32)),
+        vmap_method="broadcast_all", input_output_aliases={4: 0, 5: 1},
+    )(_params(l, u, False), jax.lax.stop_gradient(scaled), jnp.asarray(layout.flat),
+      jnp.asarray(pred).astype(jnp.int32), jax.lax.stop_gradient(state.lu), state.ipiv)
+    return BandFactors(jnp.where(pred, d, state.d), jnp.where(pred, scaled, state.values),
+                       lu, ipiv, lu[..., :, l + u])
+
+
+def solve(state: BandFactors, rhs: Float[Array, " n"], sparsity: Sparsity,
           transpose: bool = False) -> Float[Array, " n"]:
     """J x = rhs, or Jᵀ x = rhs: J = D⁻¹ J_s, so x = J_s⁻¹ (D rhs), or x = D J_s⁻ᵀ rhs."""
-    kw = dict(lower=layout.lower, upper=layout.upper, transpose=bool(transpose))
+    # The pattern (hashable) is the primitive's static parameter; its layout's index
+    # arrays are derived from it where needed.
+    kw = dict(sparsity=sparsity, transpose=bool(transpose))
     b = jnp.asarray(rhs).astype(state.lu.dtype)   # LAPACK solves in the factors' precision
     if transpose:
-        x = state.d * band_solve_p.bind(state.band, state.lu, state.ipiv, b, **kw)
+        x = state.d * band_solve_p.bind(state.values, state.lu, state.ipiv, b, **kw)
     else:
-        x = band_solve_p.bind(state.band, state.lu, state.ipiv, state.d * b, **kw)
+        x = band_solve_p.bind(state.values, state.lu, state.ipiv, state.d * b, **kw)
     return x.astype(jnp.result_type(rhs))
 
 
@@ -124,75 +165,76 @@ def _params(lower: int, upper: int, transpose: bool) -> Int[Array, " 3"]:
 band_solve_p = Primitive("daeadjoint_band_solve")
 
 
-def _solve_body(band, lu, ipiv, rhs, *, lower, upper, transpose):
-    """gbtrs in XLA; `band` is carried only for the derivative rules. `lu` is one matrix
-    (every right-hand side solved with it) or a batch aligned with `rhs` (`_batch`)."""
-    del band
-    _, solve_target = lapack_ffi.targets(lu.dtype)
+def _solve_body(values, lu, ipiv, rhs, *, sparsity, transpose):
+    """gbtrs in XLA; `values` (the matrix) are carried only for the derivative rules.
+    `lu` is one matrix (every right-hand side solved with it) or a batch aligned with
+    `rhs` (`_batch`)."""
+    del values
+    _, solve_target, _ = lapack_ffi.targets(lu.dtype)
     return jax.ffi.ffi_call(solve_target, jax.ShapeDtypeStruct(rhs.shape, rhs.dtype))(
-        _params(lower, upper, transpose), lu, ipiv, rhs)
+        _params(sparsity.lower, sparsity.upper, transpose), lu, ipiv, rhs)
 
 
-def _abstract_eval(band, lu, ipiv, rhs, *, lower, upper, transpose):
-    del lower, upper, transpose, ipiv
+def _abstract_eval(values, lu, ipiv, rhs, *, sparsity, transpose):
+    del transpose, ipiv
+    layout = band_layout(sparsity)
     if rhs.dtype != lu.dtype:   # the custom call reads both as one LAPACK precision
         raise TypeError(f"band_solve: right-hand sides of dtype {rhs.dtype} for factors of "
                         f"dtype {lu.dtype}.")
-    if band.shape != lu.shape or (band.ndim > 2 and band.shape[:-2] != rhs.shape[:-1]):
-        raise ValueError(f"band_solve: matrices {band.shape} do not match the right-hand "
-                         f"sides {rhs.shape}.")
+    if (values.shape[:-1] != lu.shape[:-2] or values.shape[-1] != layout.rows.size
+            or lu.shape[-2:] != (layout.n, layout.width)
+            or (lu.ndim > 2 and lu.shape[:-2] != rhs.shape[:-1])):
+        raise ValueError(f"band_solve: matrices {values.shape}, factors {lu.shape} do not "
+                         f"match the layout (n = {layout.n}, nnz = {layout.rows.size}) or "
+                         f"the right-hand sides {rhs.shape}.")
     return shaped_array(rhs.shape, rhs.dtype)
 
 
-def band_matvec(band, x, *, lower, upper, transpose=False):
-    """J x (or Jᵀ x) from band storage, batched over leading axes (aligned as for the
-    solve)."""
-    n, w = band.shape[-2:]
-    cols, ks = np.meshgrid(np.arange(n), np.arange(lower, w), indexing="ij")
-    rows = cols + ks - lower - upper
-    keep = (rows >= 0) & (rows < n)
-    cols, ks, rows = cols[keep], ks[keep], rows[keep]
-    entries = band[..., cols, ks]
+def sparse_matvec(values, x, layout: BandLayout, transpose: bool = False):
+    """J x (or Jᵀ x) from the nonzeros on `layout`, batched over leading axes (aligned as
+    for the solve)."""
+    rows, cols = layout.rows, layout.index[0]
     src, dst = (rows, cols) if transpose else (cols, rows)
-    out = jnp.zeros(jnp.broadcast_shapes(band.shape[:-2], x.shape[:-1]) + (n,), x.dtype)
-    return out.at[..., dst].add(entries * x[..., src])
+    out = jnp.zeros(jnp.broadcast_shapes(values.shape[:-1], x.shape[:-1]) + x.shape[-1:],
+                    x.dtype)
+    return out.at[..., dst].add(values * x[..., src])
 
 
-def _jvp(primals, tangents, *, lower, upper, transpose):
+def _jvp(primals, tangents, *, sparsity, transpose):
     """d(J⁻¹ b) = J⁻¹ (db − dJ x); the factors are data (their tangents are zero: they
     are computed from a `stop_gradient`ed matrix)."""
-    band, lu, ipiv, rhs = primals
-    dband, _, _, drhs = tangents
-    kw = dict(lower=lower, upper=upper, transpose=transpose)
-    x = band_solve_p.bind(band, lu, ipiv, rhs, **kw)
+    values, lu, ipiv, rhs = primals
+    dvalues, _, _, drhs = tangents
+    kw = dict(sparsity=sparsity, transpose=transpose)
+    x = band_solve_p.bind(values, lu, ipiv, rhs, **kw)
     t = jnp.zeros_like(x) if type(drhs) is ad.Zero else drhs
-    if type(dband) is not ad.Zero:
-        t = t - band_matvec(dband, x, lower=lower, upper=upper, transpose=transpose)
-    return x, band_solve_p.bind(band, lu, ipiv, jnp.broadcast_to(t, x.shape), **kw)
+    if type(dvalues) is not ad.Zero:
+        t = t - sparse_matvec(dvalues, x, band_layout(sparsity), transpose)
+    return x, band_solve_p.bind(values, lu, ipiv, jnp.broadcast_to(t, x.shape), **kw)
 
 
-def _transpose(ct, band, lu, ipiv, rhs, *, lower, upper, transpose):
+def _transpose(ct, values, lu, ipiv, rhs, *, sparsity, transpose):
     """Linear in the right-hand side only (the JVP never makes the matrix linear)."""
-    if any(ad.is_undefined_primal(a) for a in (band, lu, ipiv)):
+    if any(ad.is_undefined_primal(a) for a in (values, lu, ipiv)):
         raise ValueError("band_solve is linear in the right-hand side only.")
     ct = jnp.zeros(rhs.aval.shape, rhs.aval.dtype) if type(ct) is ad.Zero else ct
-    return None, None, None, band_solve_p.bind(band, lu, ipiv, ct, lower=lower,
-                                               upper=upper, transpose=not transpose)
+    return None, None, None, band_solve_p.bind(values, lu, ipiv, ct, sparsity=sparsity,
+                                               transpose=not transpose)
 
 
-def _batch(args, dims, *, lower, upper, transpose):
+def _batch(args, dims, *, sparsity, transpose):
     """Batch axes to the front; one matrix with more right-hand sides, or as many
     matrices as right-hand sides (matrices' batch axes are none or the rhs's)."""
-    band, lu, ipiv, rhs = args
+    values, lu, ipiv, rhs = args
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    kw = dict(lower=lower, upper=upper, transpose=transpose)
+    kw = dict(sparsity=sparsity, transpose=transpose)
     rhs = (jnp.moveaxis(rhs, dims[3], 0) if dims[3] is not None
            else jnp.broadcast_to(rhs, (size, *rhs.shape)))
-    matrices = (band, lu, ipiv)
-    if all(d is None for d in dims[:3]) and band.ndim == 2:   # more right-hand sides
+    matrices = (values, lu, ipiv)
+    if all(d is None for d in dims[:3]) and lu.ndim == 2:   # more right-hand sides
         return band_solve_p.bind(*matrices, rhs, **kw), 0
     moved = []
-    for a, d, core in zip(matrices, dims[:3], (2, 2, 1)):   # (n, w), (n, w), (n,)
+    for a, d, core in zip(matrices, dims[:3], (1, 2, 1)):   # (nnz,), (n, w), (n,)
         a = jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size, *a.shape))
         lead, tail = a.shape[:-core], a.shape[-core:]
         # one matrix per batch member with more right-hand sides each: repeat it

@@ -90,15 +90,26 @@ def factor_band(values: Float[Array, " nnz"], sparsity: Sparsity, kernel: str):
     """Factorize the matrix with nonzeros `values` on the band pattern `sparsity` with the
     (resolved) kernel; the state for `solve_band`/`band_singular`."""
     if kernel == "lapack":
-        return band_lapack.factor(values, band_lapack.band_layout(sparsity))
+        return band_lapack.factor(values, sparsity)
     return factor_blocks(to_blocks(values, block_layout(sparsity)))
+
+
+def factor_band_where(pred, state, values: Float[Array, " nnz"], sparsity: Sparsity,
+                      kernel: str):
+    """`factor_band(values, ...)` where `pred`, else `state`: with the LAPACK kernel
+    under `vmap`, only the members with `pred` are factorized (`band_lapack.factor_where`);
+    the pure-JAX kernel factorizes every member and selects."""
+    if kernel == "lapack":
+        return band_lapack.factor_where(pred, state, values, sparsity)
+    new = factor_band(values, sparsity, kernel)
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(pred, a, b), new, state)
 
 
 def solve_band(state, rhs: Float[Array, " n"], sparsity: Sparsity, kernel: str,
                transpose: bool = False):
     """J x = rhs (or Jᵀ x = rhs) with the state of `factor_band`."""
     if kernel == "lapack":
-        return band_lapack.solve(state, rhs, band_lapack.band_layout(sparsity), transpose)
+        return band_lapack.solve(state, rhs, sparsity, transpose)
     if transpose:
         return solve_blocks_transposed(state, rhs, sparsity.n)
     return solve_blocks(state, rhs, sparsity.n)
@@ -300,6 +311,17 @@ class BandedLU(AbstractLinearSolver):
 
     def setup(self, residual, t, y, yp, cj, args):
         sparsity = self._sparsity(y.shape[0])
+        return factor_band(self._values(residual, t, y, yp, cj, args), sparsity,
+                           resolve_kernel(self.kernel))
+
+    def setup_where(self, pred, state, residual, t, y, yp, cj, args):
+        sparsity = self._sparsity(y.shape[0])
+        return factor_band_where(pred, state, self._values(residual, t, y, yp, cj, args),
+                                 sparsity, resolve_kernel(self.kernel))
+
+    def _values(self, residual, t, y, yp, cj, args):
+        """J's nonzeros on the band, by l + u + 1 coloured jvps (checked if `check`)."""
+        sparsity = self._sparsity(y.shape[0])
         colours, n_colours = banded_colours(sparsity.n, sparsity.lower, sparsity.upper)
         values = assemble(compressed_jacobian(residual, t, y, yp, cj, args,
                                               seeds(colours, n_colours)),
@@ -312,7 +334,7 @@ class BandedLU(AbstractLinearSolver):
                 "has nonzeros outside this band (J v from the band differs from jax.jvp). "
                 "Increase the bandwidths (the largest |i - j| with dF_i/dy_j or "
                 "dF_i/dy'_j nonzero), or use SparseLU() to detect the pattern.")
-        return factor_band(values, sparsity, resolve_kernel(self.kernel))
+        return values
 
     def solve(self, state, rhs, *, transpose=False, weights=None, operator=None):
         return solve_band(state, rhs, self._sparsity(rhs.shape[-1]),

@@ -19,10 +19,18 @@ store them.
 
 Targets, for dtype in {float32, float64} (`targets(dtype)`):
 
-- factor: operands (params = [l, u, 0] int32, band (…, n, w)); results (lu (…, n, w),
-  ipiv (…, n) int32, 1-based as LAPACK's). A matrix with a non-finite entry is not given
-  to LAPACK: its factors are NaN (so the singularity test fails) and its pivots the
-  identity (so a solve with them stays in bounds).
+- factor: operands (params = [l, u, 0] int32, values (…, nnz), index (nnz,) int32: the
+  flat position of each nonzero in the (n, w) band storage); results (lu (…, n, w),
+  ipiv (…, n) int32, 1-based as LAPACK's). The handler assembles each member's band
+  (zeros, then the nonzeros) in its result block and factorizes it there. A matrix
+  with a non-finite entry is not given to LAPACK: its factors are NaN (so the
+  singularity test fails) and its pivots the identity (so a solve with them stays in
+  bounds).
+- factor_where: operands (params, values, index as for factor — each broadcast to the
+  batch, of which the handler reads the first —, pred (…) int32, lu (…, n, w),
+  ipiv (…, n)); results (lu, ipiv), aliased to the operands lu and ipiv: only the
+  members with pred ≠ 0 are assembled and factorized, the others keep their factors
+  untouched (under `vmap`, the members of a batch that need a new Jacobian).
 - solve: operands (params = [l, u, trans] int32, lu (B…, n, w), ipiv (B…, n), rhs);
   result x. The right-hand sides are rhs reshaped to (B, R, n): R of them per matrix
   (R = size(rhs) / (B·n)), solved by one gbtrs call per matrix.
@@ -38,8 +46,9 @@ class FFIUnavailable(RuntimeError):
     """The LAPACK custom calls cannot be built here (no numba, or XLA refused them)."""
 
 
-def targets(dtype) -> tuple[str, str]:
-    """Register (once) and return the (factor, solve) FFI target names for `dtype`.
+def targets(dtype) -> tuple[str, str, str]:
+    """Register (once) and return the (factor, solve, factor_where) FFI target names for
+    `dtype`.
     Raises `FFIUnavailable` naming why when numba or the registration fails."""
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
@@ -48,15 +57,18 @@ def targets(dtype) -> tuple[str, str]:
 
 
 @functools.cache
-def _register(name: str) -> tuple[str, str]:
+def _register(name: str) -> tuple[str, str, str]:
     dtype = np.dtype(name)
     try:
         import jax
         from . import _lapack_kernels as kernels
-        factor, solve = {"float64": (kernels.factor_f64, kernels.solve_f64),
-                         "float32": (kernels.factor_f32, kernels.solve_f32)}[dtype.name]
-        names = (f"daeadjoint_{dtype.name}_gbtrf", f"daeadjoint_{dtype.name}_gbtrs")
-        for name, fn in zip(names, (factor, solve)):
+        handlers = {"float64": (kernels.factor_f64, kernels.solve_f64,
+                                kernels.factor_where_f64),
+                    "float32": (kernels.factor_f32, kernels.solve_f32,
+                                kernels.factor_where_f32)}[dtype.name]
+        names = (f"daeadjoint_{dtype.name}_gbtrf", f"daeadjoint_{dtype.name}_gbtrs",
+                 f"daeadjoint_{dtype.name}_gbtrf_where")
+        for name, fn in zip(names, handlers):
             capsule = jax.ffi.pycapsule(ctypes.cast(fn.address, ctypes.CFUNCTYPE(None)))
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     except Exception as e:  # any failure means: use the pure-JAX kernel

@@ -45,6 +45,9 @@ class AbstractLinearSolver(eqx.Module):
       the Newton iteration treats it as a convergence failure, and repeated failures give
       `RESULTS.singular_matrix` (index > 1, or algebraic equations that do not determine
       the algebraic variables).
+    - `setup_where(pred, state, residual, t, y, yp, cj, args) -> state` (optional):
+      `setup` where `pred`, else `state`; the Newton iteration's refresh. Default: set up
+      and select; a batched kernel may set up only the members with `pred`.
     - `solve_failed(stats) -> bool`: whether the solve that returned `stats` missed its
       tolerance (iterative solvers; default never). Like IDAS, the Newton iteration
       accepts such a correction on its first iteration and fails (recoverably: a smaller
@@ -85,6 +88,14 @@ class AbstractLinearSolver(eqx.Module):
     def solve_failed(self, stats) -> Bool[Array, ""]:
         del stats
         return jnp.zeros((), bool)
+
+    def setup_where(self, pred, state, residual, t, y, yp, cj, args) -> Any:
+        """`setup(residual, t, y, yp, cj, args)` where `pred`, else `state` — the
+        refresh of the Newton iteration. Under `vmap` `pred` is per member and a solver
+        may set up only the members that need it (the LAPACK band kernel factorizes only
+        those, `SparseLU`/`BandedLU`); this default sets up every member and selects."""
+        new = self.setup(residual, t, y, yp, cj, args)
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(pred, a, b), new, state)
 
     def auxiliary(self) -> "AbstractLinearSolver":
         return self

@@ -36,7 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool
 
-from .banded import KERNELS, Kernel, band_singular, factor_band, resolve_kernel, solve_band
+from .banded import (KERNELS, Kernel, band_singular, factor_band, factor_band_where,
+                     resolve_kernel, solve_band)
 from .jacobian import (Sparsity, assemble, check_pattern, colour_columns,
                         compressed_jacobian, detect_sparsity, pattern_mismatch, seeds)
 from .klu import klu_singular, klu_solve, klujax as _klujax
@@ -159,6 +160,21 @@ class SparseLU(AbstractLinearSolver):
                         self.check, self.kernel)
 
     def setup(self, residual, t, y, yp, cj, args):
+        plan, values = self._values(residual, t, y, yp, cj, args)
+        if self.backend == "banded":
+            return factor_band(values[plan.order], plan.permuted, resolve_kernel(self.kernel))
+        return _klu_guard(plan, values)
+
+    def setup_where(self, pred, state, residual, t, y, yp, cj, args):
+        if self.backend != "banded":
+            return super().setup_where(pred, state, residual, t, y, yp, cj, args)
+        plan, values = self._values(residual, t, y, yp, cj, args)
+        return factor_band_where(pred, state, values[plan.order], plan.permuted,
+                                 resolve_kernel(self.kernel))
+
+    def _values(self, residual, t, y, yp, cj, args):
+        """(plan, J's nonzeros in the pattern's order), by coloured jvps (checked if
+        `check`)."""
         sparsity = self.sparsity
         if sparsity is None:   # not prepared by `solve`: detect from this residual
             sparsity = detect_sparsity(residual, t, y, yp, args)
@@ -172,9 +188,7 @@ class SparseLU(AbstractLinearSolver):
                 "SparseLU: the iteration matrix has nonzeros outside the given sparsity "
                 "pattern (J v from the pattern differs from jax.jvp). Pass the pattern of "
                 "dF/dy ∪ dF/dy', or sparsity=None to detect it.")
-        if self.backend == "banded":
-            return factor_band(values[plan.order], plan.permuted, resolve_kernel(self.kernel))
-        return _klu_guard(plan, values)
+        return plan, values
 
     def solve(self, state, rhs, *, transpose=False, weights=None, operator=None):
         if self.backend == "klu":
