@@ -1064,9 +1064,10 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     its last member is done, so the nested loops made every member wait for the slowest
     one at every output time (Robertson, 256 members of 885–1296 steps, 12 outputs:
     1825 step-loop trips); the flat loop runs as many trips as the member with the most
-    step attempts. The size threshold above does not apply: batched, the step state
-    alone is past it. Each member takes the same steps and writes the same rows as in
-    the nested loops.
+    step attempts (and the extra trips of its attempts whose Newton iteration is longer
+    than a trip's `BATCH_NEWTON_ITERATIONS`). The size threshold above does not apply:
+    batched, the step state alone is past it. Each member takes the same steps and
+    writes the same rows as in the nested loops.
 
     `until` (optional): also stop, with no change of status, once the accepted steps
     (`stats["num_steps"]`) reach it. The returned carry then resumes: calling `integrate`
