@@ -94,6 +94,10 @@ def loop_instructions(prog: ps.Program) -> dict:
                   if (m := ps._INSTR.match(line)) and m.group(1) in newton
                   for c in ps._called(*ps._opcode(line[m.end():]))]
         out["newton_solve"] = whiles_in(bodies)
+        # The body's own instructions run once per trip (the condition's once more):
+        # with a straight-line Newton iteration there is no Newton loop to count.
+        out["trip"] = [name for c in called for name, op, _ in _named(prog, c)
+                       if op not in NESTED and op not in ps.FREE]
     return out
 
 
@@ -147,6 +151,7 @@ def profile(label, fn, x, repeats, top):
     events = trace_events(compiled, x)
     runs = Counter(n for n, _ in events)
     trips = {k: max((runs[n] for n in v), default=0) for k, v in loops.items()}
+    trips["step loop"] = min((runs[n] for n in loops.get("trip", ()) if runs[n]), default=0)
     by_phase, count, per_instr = Counter(), Counter(), Counter()
     for name, dur in events:
         if name not in phases or phases[name][0] in NESTED:
@@ -157,9 +162,12 @@ def profile(label, fn, x, repeats, top):
     ynn = sum(1 for op, _, rest in phases.values() if "__ynn_fusion" in rest)
     st = trips.get("step loop", 0)
     print(f"\n## {label}\n")
+    newton = (f"Newton iterations {trips['newton_solve']} "
+              f"({trips['newton_solve'] / max(st, 1):.2f} per trip)"
+              if trips.get("newton_solve") else
+              "Newton iterations straight-line in the step (no Newton loop)")
     print(f"steps per member {steps.min()}–{steps.max()} (total {steps.sum()}); step-loop "
-          f"trips {st}, Newton iterations {trips.get('newton_solve', 0)} "
-          f"({trips.get('newton_solve', 0) / max(st, 1):.2f} per trip); program "
+          f"trips {st}, {newton}; program "
           f"{prog.size()[0]} HLO instructions, {prog.size()[1]} thunks; YNNPACK fusions {ynn}")
     print(f"without the profiler: wall {1e3 * wall:.1f} ms, process time {1e3 * cpu:.1f} ms "
           f"→ {1e6 * cpu / max(st, 1):.1f} µs (CPU) per trip, "

@@ -38,7 +38,7 @@ from ._derivatives.forward_sensitivity import (SensitivityProblem, quadrature_se
 from ._initialization import violated
 from ._jax_internals import is_batched, unvmap_any
 from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR, NewtonResult,
-                      _builds_from_residual, maybe_update, newton_solve, setup_linear,
+                      _builds_from_residual, idle_iteration, maybe_update, newton_solve, setup_linear,
                       tree_where)
 from ._results import RESULTS
 
@@ -429,7 +429,8 @@ class Corrector(NamedTuple):
 
 
 def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
-                  y_pred, yp_pred, ewt) -> Corrector:
+                  y_pred, yp_pred, ewt, resume=None, iterations: int | None = None
+                  ) -> Corrector:
     """The corrector (IDAS manual §6.2.2, eqs. (6.6)–(6.8)): solve
     G(y) = F(t_n, y, y'_(0) + cj (y − y_(0)), p) = 0 from the predictor y_(0) by modified
     Newton with the iteration matrix J = F_y + cj_old F_y' (`newton_solve`).
@@ -443,7 +444,10 @@ def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
 
     With `constraints` (IDAS `IDANls`): a converged y violating them is projected back
     when the projection's norm is below the Newton tolerance; otherwise the step is
-    retried with h' = η h, η = max(0.9 min φ_0/(φ_0 − y) over the violators, 0.1)."""
+    retried with h' = η h, η = max(0.9 min φ_0/(φ_0 − y) over the violators, 0.1).
+
+    `iterations`, `resume`: at most that many Newton iterations, continuing the pending
+    iteration `resume` (`newton_solve`; the batched step loop's)."""
     dtype = s.phi.dtype
     cj = coef.cj
     first = s.fresh
@@ -459,7 +463,8 @@ def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
     newton = newton_solve(problem.residual, problem.args, problem.linear_solver, t_eval,
                           y_pred, yp_pred, cj, ewt, s.lin_state, s.jac_point, cj_old,
                           rate_factor, setup, linear=problem.reset_newton_rate,
-                          mask_probe=problem.algebraic_probe, index2=problem.index2)
+                          mask_probe=problem.algebraic_probe, index2=problem.index2,
+                          iterations=iterations, resume=resume)
     ee = newton.ee
     converged = newton.converged
     constraint_fail = jnp.zeros((), bool)
@@ -802,6 +807,21 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     `select_order_and_step` (IDAS `IDACompleteStep`) and on failure `handle_failure`
     (`IDAHandleNFlag`), and the attempt's `status`. Returns the new state and whether
     the step was accepted."""
+    new, passed, _ = attempt_step_part(problem, s)
+    return new, passed
+
+
+def attempt_step_part(problem: Problem, s: State, pending=None, iterations: int | None = None):
+    """`attempt_step`, or with `iterations` a part of it: at most that many Newton
+    iterations, continuing the iteration `pending` left by the last part (a
+    `newton_solve` carry, status 0 where one is pending). Returns (state, accepted,
+    carry; None without `iterations`). Where the carry's status is 0 the iteration is
+    still pending and the state and `accepted` are meaningless except for J
+    (`lin_state`, `jac_point`): the caller keeps the step state it passed and takes J
+    from the returned one, and the next part recomputes the same predictor and cj
+    from that state (a breakpoint's restart included) and continues the same
+    iterates, so the attempts, their iterations and their results are those of
+    `attempt_step`."""
     if problem.breakpoints is not None:
         s = restart_at_breakpoint(problem, s)
     dtype = s.phi.dtype
@@ -834,7 +854,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     y_pred, yp_pred = preds.y
 
     # --- corrector: the state, then quadratures and sensitivities at the converged y ---
-    corrector = correct_state(problem, s, coef, t_eval, h, y_pred, yp_pred, ewt)
+    corrector = correct_state(problem, s, coef, t_eval, h, y_pred, yp_pred, ewt,
+                              resume=pending, iterations=iterations)
     newton = corrector.newton
     converged = corrector.converged
     # Quadratures: explicit correction e_Q = (q(t, y, y') − y_Q'(0))/cj (§6.2.5).
@@ -921,7 +942,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     # (n×n) factors.
     new = tree_where(passed, strip_linear_state(accepted_state),
                      strip_linear_state(rejected_state))
-    return dataclasses.replace(new, lin_state=newton.lin_state), passed
+    return dataclasses.replace(new, lin_state=newton.lin_state), passed, newton.carry
 
 
 class Outputs(eqx.Module):
@@ -1043,9 +1064,10 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     its last member is done, so the nested loops made every member wait for the slowest
     one at every output time (Robertson, 256 members of 885–1296 steps, 12 outputs:
     1825 step-loop trips); the flat loop runs as many trips as the member with the most
-    step attempts. The size threshold above does not apply: batched, the step state
-    alone is past it. Each member takes the same steps and writes the same rows as in
-    the nested loops.
+    step attempts (and the extra trips of its attempts whose Newton iteration is longer
+    than a trip's `BATCH_NEWTON_ITERATIONS`). The size threshold above does not apply:
+    batched, the step state alone is past it. Each member takes the same steps and
+    writes the same rows as in the nested loops.
 
     `until` (optional): also stop, with no change of status, once the accepted steps
     (`stats["num_steps"]`) reach it. The returned carry then resumes: calling `integrate`
@@ -1165,6 +1187,13 @@ def _output_limit(problem: Problem, ev: EventState | None):
     return jnp.where(ev.stopped & problem.event.terminal, ev.t[0], jnp.inf)
 
 
+# Newton iterations per trip of the batched step loop (`attempt_step_part`; None: each
+# trip iterates until every member's iteration is done, as `attempt_step` does).
+# Robertson, 256 members, CPU time of the batch in one process: 1 → 0.92x, 2 → 0.80x,
+# 3 → 1.03x that of None (docs/performance.md, "Batches").
+BATCH_NEWTON_ITERATIONS: int | None = 2
+
+
 def _integrate_flat(problem: Problem, state: State, outputs: Outputs, t_end, max_steps: int,
                     recorders: tuple, events: EventState | None, until):
     """`integrate` as one loop of step attempts, for batched members (see there): after
@@ -1181,7 +1210,14 @@ def _integrate_flat(problem: Problem, state: State, outputs: Outputs, t_end, max
     output row changes for them (each writes only for an accepted step). With a
     batched predicate, `vmap`'s rule would instead select every carry after every trip,
     the output and recorder buffers included (Robertson, 256 members, 12 output rows:
-    that select cost ~50 µs a trip, profiled)."""
+    that select cost ~50 µs a trip, profiled).
+
+    A trip runs at most `BATCH_NEWTON_ITERATIONS` Newton iterations of each member's
+    attempt (`attempt_step_part`), straight-line: a member whose iteration needs more
+    keeps its step state and finishes the attempt in the next trips, while the others
+    go on stepping. A loop that iterated until every member was done ran the slowest
+    member's iterations in almost every trip (Robertson, 256 members: 2.93 per trip
+    against 1.2 per attempt unbatched)."""
     def running(s):
         go = (s.t < t_end) & (s.result == RESULTS.successful)
         if until is not None:
@@ -1195,24 +1231,40 @@ def _integrate_flat(problem: Problem, state: State, outputs: Outputs, t_end, max
         return jax.lax.cond(unvmap_any(due), lambda: r.record(s, passed), lambda: r)
 
     def body(carry):
-        s_old, out, recs, ev = carry
+        s_old, out, recs, ev, pending_old = carry
         go = running(s_old)
-        s, passed = attempt_step(_with_step_history(problem, recs), s_old)
-        s = tree_where(go, s, s_old)
+        s, passed, pending = attempt_step_part(_with_step_history(problem, recs), s_old,
+                                               pending_old, BATCH_NEWTON_ITERATIONS)
+        if pending is None:
+            s = tree_where(go, s, s_old)
+        else:
+            # A member whose Newton iteration is pending keeps its step state, as a
+            # member that is done does (one select for both), but takes J and the
+            # point it was set up at from the iteration. The carry of a member that is
+            # done is never resumed: no select.
+            waiting = pending.status == 0
+            keep = ~go | waiting
+            lin = tree_where(go, (s.lin_state, s.jac_point), (s_old.lin_state, s_old.jac_point))
+            s = tree_where(keep, dataclasses.replace(s_old, lin_state=(), jac_point=()),
+                           dataclasses.replace(s, lin_state=(), jac_point=()))
+            s = dataclasses.replace(s, lin_state=lin[0], jac_point=lin[1])
+            passed = passed & ~waiting
         passed = passed & go
         ev = _search_events(problem, s, ev, passed)
         recs = tuple(record(r, s, passed) for r in recs)
         _report_progress(problem, s, passed, t_end)
         s = _step_status(s, passed, recs, ev, t_end, max_steps)
         out = write_output_rows(s, out, _output_limit(problem, ev), passed)
-        return s, out, recs, ev
+        return s, out, recs, ev, pending
 
     empty = {f: getattr(outputs, f) for f in ("qs", "sd", "qsd") if getattr(outputs, f).size == 0}
     outputs = dataclasses.replace(outputs, **{f: None for f in empty})
     outputs = write_output_rows(state, outputs, _output_limit(problem, events))
-    state, outputs, recorders, events = jax.lax.while_loop(
+    state, outputs, recorders, events, _ = jax.lax.while_loop(
         lambda carry: unvmap_any(running(carry[0])), body,
-        (state, outputs, tuple(recorders), events))
+        (state, outputs, tuple(recorders), events,
+         None if BATCH_NEWTON_ITERATIONS is None
+         else idle_iteration(state.phi[0], problem.linear_solver)))
     return state, dataclasses.replace(outputs, **empty), recorders, events
 
 

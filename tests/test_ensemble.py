@@ -232,6 +232,45 @@ def test_batched_members_do_not_wait_for_each_other_at_output_times(monkeypatch)
                                    rtol=0, atol=2e-5)
 
 
+def test_newton_iterations_split_over_trips_leave_every_member_unchanged(monkeypatch):
+    """A batched trip runs at most `BATCH_NEWTON_ITERATIONS` Newton iterations of each
+    member's step; a member whose iteration needs more keeps its step state and resumes
+    the iteration in the next trip (`_integrator.attempt_step_part`), from a predictor
+    recomputed from the same state. So one iteration per trip and four per trip give
+    every member the same iterates, step sequence and results, bit for bit: the same
+    operations on the same numbers, only the loop is cut elsewhere (with members of
+    1–4 iterations per attempt, as here, one iteration per trip resumes most
+    multi-iteration attempts). A resume that restarted the iteration, or rebuilt the
+    predictor from a changed state, would change the iteration counts or the results.
+    The two programs differ (checked), so the comparison is not of one program with
+    itself."""
+    from daeadjoint import _integrator
+
+    def run(iterations):
+        monkeypatch.setattr(_integrator, "BATCH_NEWTON_ITERATIONS", iterations)
+        jax.clear_caches()
+
+        def residual(t, y, yp, k):      # a new function: no cached trace is reused
+            return robertson(t, y, yp, k)
+
+        fn = jax.jit(jax.vmap(lambda y0, k: dae.solve(residual, 0.0, 1.0, y0, args=k, **KW)))
+        text = fn.lower(jnp.asarray(Y0), jnp.asarray(K)).as_text()
+        sol = fn(jnp.asarray(Y0), jnp.asarray(K))
+        return text, np.asarray(sol.ys), {k: np.asarray(v) for k, v in sol.stats.items()}
+
+    text1, ys1, st1 = run(1)
+    text4, ys4, st4 = run(4)
+    assert text1 != text4
+    attempts = (st1["num_steps"] + st1["num_error_test_failures"]
+                + st1["num_nonlinear_convergence_failures"])
+    assert np.all(st1["num_nonlinear_iters"] > attempts)   # some attempts iterate twice
+    np.testing.assert_array_equal(ys1, ys4)
+    for name in st1:
+        np.testing.assert_array_equal(st1[name], st4[name], err_msg=name)
+    for i in range(B):
+        assert _close(ys1[i], single_solve(jnp.asarray(Y0[i]), jnp.asarray(K[i])).ys)
+
+
 def test_is_batched_reads_the_tracers():
     """`_jax_internals.is_batched` (how `solve` chooses the flat loop): True for a value
     batched by the `vmap` being traced, also seen through a `grad` inside it; False for
