@@ -42,6 +42,7 @@ integrated with its own error control; no step size or order is ever differentia
 (Eberhard & Bischof).
 """
 
+import collections
 import dataclasses
 import functools as ft
 
@@ -82,6 +83,7 @@ def _core_function(static, record: bool):
             out, rec = filter_primitive_bind(forward_p, config, inputs, record)
         else:
             out, rec = run_forward(config, inputs, record=record)
+        _remember_core_shape(config, inputs, out)
         return (out, rec) if record else out
 
     def core_jvp(primals, tangents):
@@ -190,9 +192,55 @@ def _primal_tangent_abstract(config, inputs, t, ndir):
         return shaped_array(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x
     def struct(x):
         return jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.core.ShapedArray) else x
+    core = _known_core_shape(config, inputs)
+    if core is not None:
+        # The fused run's Core is the primal run's (`run`: the same pytree), and its
+        # tangent outputs have the shapes of the Core's yd, qs, event_t and event_yd with
+        # a leading direction axis: no second trace of the integrator for the shapes.
+        lead = () if ndir is None else (ndir,)
+        dots = tuple(jax.ShapeDtypeStruct(lead + x.shape, x.dtype)
+                     for x in (core.yd, core.qs, core.event_t, core.event_yd))
+        return jax.tree_util.tree_map(shaped, (core, dots))
     args = jax.tree_util.tree_map(struct, (config, inputs, t))
     out = eqx.filter_eval_shape(_primal_tangent_impl, *args, ndir)
     return jax.tree_util.tree_map(shaped, out)
+
+
+# The output shapes of the primal runs traced so far, by the static part and the shapes
+# of (config, inputs): JAX traces the primal run (inside `solve`'s jit) before it
+# differentiates it, so `_primal_tangent_abstract` finds its Core here instead of
+# tracing the whole integrator once more only for the shapes of its outputs. Bounded:
+# the keys hold the user's functions.
+_CORE_SHAPES: "collections.OrderedDict" = collections.OrderedDict()
+_CORE_SHAPES_MAX = 64
+
+
+def _shape_key(config, inputs):
+    """A hashable key of (config, inputs) up to the values of their arrays, or None."""
+    leaves, tree = jax.tree_util.tree_flatten((config, inputs))
+    key = (tree, tuple((tuple(x.shape), jnp.dtype(x.dtype)) if hasattr(x, "shape")
+                       and hasattr(x, "dtype") else x for x in leaves))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _remember_core_shape(config, inputs, out):
+    key = _shape_key(config, inputs)
+    if key is None:
+        return
+    _CORE_SHAPES[key] = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if eqx.is_array(x) else x, out)
+    _CORE_SHAPES.move_to_end(key)
+    while len(_CORE_SHAPES) > _CORE_SHAPES_MAX:
+        _CORE_SHAPES.popitem(last=False)
+
+
+def _known_core_shape(config, inputs):
+    key = _shape_key(config, inputs)
+    return None if key is None else _CORE_SHAPES.get(key)
 
 
 def _primal_tangent_jvp(primals, tangents):
