@@ -519,8 +519,16 @@ def _cotangent_jvp(primals, tangents):
     x_dot = None if inputs_dot is None else input_tangents(inputs, inputs_dot)
     out = filter_primitive_bind(cotangent_p, config, inputs, rec, ct, wanted, ndir)
     out_dot = None
-    if ct_dot is not None and any(c is not None for c in ct_dot):
+    has_ct_dot = ct_dot is not None and any(c is not None for c in ct_dot)
+    if has_ct_dot:
         ct_dot = tuple(jnp.zeros_like(c) if d is None else d for c, d in zip(ct, ct_dot))
+    if (has_ct_dot and x_dot is not None and not config.index2
+            and not being_linearized((ct_dot, x_dot))):
+        # Forward over reverse (`jax.hessian`, `jacfwd(jacrev)`): both terms from one
+        # augmented adjoint solve (`hessian_total_p`) instead of a second adjoint pass.
+        return out, filter_primitive_bind(hessian_total_p, config, inputs, rec, ct, ct_dot,
+                                          x_dot, wanted, ndir)
+    if has_ct_dot:
         out_dot = filter_primitive_bind(cotangent_p, config, inputs, rec, ct_dot, wanted, ndir)
     if x_dot is not None:
         if config.index2:
@@ -568,6 +576,75 @@ def _hessian_value(config, inputs, ct, x_dot, wanted):
     (xbar,) = vjp(ct)
     xbar = Tangents(t0=xbar[0], y0=xbar[1], yp0=xbar[2], args=xbar[3])
     return _restrict(xbar, wanted)
+
+
+def _hessian_total_value(config, inputs, ct, ct_dot, x_dot, wanted):
+    """L(x)ᵀ δȳ + H(x, ȳ) δx = ∂_x [⟨δȳ, y(x)⟩ + ⟨ȳ, L(x) δx⟩]: the vjp with respect to x
+    of both outputs of T at u = δx with cotangent (δȳ, ȳ) (the module docstring) — one
+    forward and one adjoint solve of the augmented DAE (G), whose adjoint carries the
+    first-order term too, where `cotangent_p` + `hessian_p` would run a second adjoint
+    pass (of the plain DAE) for L(x)ᵀ δȳ."""
+    xd = _differentiable_part(inputs)
+    u = _full(inputs, x_dot)
+
+    def T(xd_):
+        primal, tangent, _ = augmented(config, _with_differentiable(inputs, xd_), u)
+        return primal, tangent
+
+    _, vjp = jax.vjp(T, xd)
+    (xbar,) = vjp((ct_dot, ct))
+    xbar = Tangents(t0=xbar[0], y0=xbar[1], yp0=xbar[2], args=xbar[3])
+    return _restrict(xbar, wanted)
+
+
+def _hessian_total_impl(config, inputs, rec, ct, ct_dot, x_dot, wanted, ndir):
+    del rec   # an operand only for the unfused form (`_hessian_total_unfused`)
+    if ndir is None:
+        return _hessian_total_value(config, inputs, ct, ct_dot, x_dot, wanted)
+    return jax.vmap(lambda c, cd: _hessian_total_value(config, inputs, c, cd, x_dot, wanted))(
+        ct, ct_dot)
+
+
+def _hessian_total_abstract(config, inputs, rec, ct, ct_dot, x_dot, wanted, ndir):
+    return _cotangent_abstract(config, inputs, None, ct, wanted, ndir)
+
+
+def _hessian_total_unfused(config, inputs, rec, ct, ct_dot, x_dot, wanted, ndir):
+    """What `hessian_total_p` computes, as `cotangent_p` (L(x)ᵀ δȳ) plus `hessian_p`
+    (H(x, ȳ) δx): the form with transposition and higher-order rules."""
+    a = filter_primitive_bind(cotangent_p, config, inputs, rec, ct_dot, wanted, ndir)
+    h = filter_primitive_bind(hessian_p, config, inputs, ct, x_dot, wanted, ndir)
+    return jax.tree_util.tree_map(jnp.add, a, h)
+
+
+def _hessian_total_jvp(primals, tangents):
+    """Third order: through the unfused form (whose primitives have their rules)."""
+    config, _, _, _, _, _, wanted, ndir = primals
+    live_primals = primals[1:6]
+    live_tangents = tangents[1:6]
+
+    def leaf_tangents(x, dx):
+        tr = jax.tree_util.tree_structure(x)
+        return [None] * tr.num_leaves if dx is None else tr.flatten_up_to(dx)
+
+    leaves, tree = jax.tree_util.tree_flatten(live_primals)
+    dots = [d for x, dx in zip(live_primals, live_tangents) for d in leaf_tangents(x, dx)]
+    live = [i for i, (x, d) in enumerate(zip(leaves, dots)) if d is not None and eqx.is_array(x)]
+
+    def f(*xs):
+        full = list(leaves)
+        for i, x in zip(live, xs):
+            full[i] = x
+        return _hessian_total_unfused(config, *jax.tree_util.tree_unflatten(tree, full),
+                                      wanted, ndir)
+
+    return jax.jvp(f, tuple(leaves[i] for i in live), tuple(dots[i] for i in live))
+
+
+def _hessian_total_transpose(inputs_all, cts_out):
+    raise NotImplementedError(
+        "daeadjoint internal error: the fused forward-over-reverse term was transposed; "
+        "it is only used when JAX is not linearizing the reverse pass.")
 
 
 def _hessian_impl(config, inputs, ct, x_dot, wanted, ndir):
@@ -637,3 +714,15 @@ hessian_p = create_vprim(
     filter_primitive_jvp(_hessian_jvp),
     filter_primitive_transpose(materialise_zeros=False)(_hessian_transpose),
 )
+
+
+hessian_total_p = create_vprim(
+    "daeadjoint_hessian_total",
+    filter_primitive_def(_hessian_total_impl),
+    filter_primitive_def(_hessian_total_abstract),
+    filter_primitive_jvp(_hessian_total_jvp),
+    filter_primitive_transpose(materialise_zeros=False)(_hessian_total_transpose),
+)
+# Partial evaluation (a linearization `being_linearized` could not see): the unfused
+# form, whose primitives JAX can transpose.
+set_partial_eval_rule(hessian_total_p, _hessian_total_unfused)
