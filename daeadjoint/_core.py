@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from ._bdf import error_weights, update_row, wrms
@@ -30,8 +31,8 @@ from ._initialization import InitMode, violated
 from ._jax_internals import unvmap_any
 from ._integrator import (CheckpointRecorder, DenseRecorder, Outputs, Problem, SegmentRecorder,
                           initial_state, initial_step, integrate)
-from ._linalg.linear_solver import AbstractLinearSolver
-from ._newton import depends_on_yp
+from ._linalg.linear_solver import (AbstractLinearSolver, DenseLU, factored_is_singular,
+                                    masked_residual)
 from ._results import RESULTS
 
 
@@ -190,8 +191,11 @@ def build_problem(config: Config, inputs: Inputs, sens=None, linear_solver=None)
 def _probe_weights(n: int, dtype):
     """Distinct weights in [1, 2) (golden-ratio fractions): F_y' (a∘r) = Σ_{i algebraic}
     r_i F_y' e_i is zero only if every algebraic column is, barring an exact
-    cancellation between columns with these weights."""
-    return 1.0 + jnp.mod(jnp.arange(n, dtype=dtype) * 0.6180339887498949, 1.0)
+    cancellation between columns with these weights. A constant of the program (NumPy,
+    in the working dtype: the same IEEE operations as in JAX), not computed in it."""
+    dtype = np.dtype(dtype)
+    w = np.arange(n, dtype=dtype) * dtype.type(0.6180339887498949)
+    return np.asarray(dtype.type(1.0) + np.mod(w, dtype.type(1.0)), dtype)
 
 
 def algebraic_probe(config: Config, inputs: Inputs):
@@ -207,27 +211,34 @@ def mask_violation(config: Config, inputs: Inputs):
     initialization (which a wrong mask would make solve a different problem) — for some
     i marked algebraic: one `jax.jvp` with a∘r. (`solve` names the component when it
     raises.)"""
+    return _given_residual(config, inputs)[1]
+
+
+def _given_residual(config: Config, inputs: Inputs):
+    """(F(t0, y0, y'0) at the given values, `mask_violation`): with an algebraic mask to
+    check, both from one `jax.jvp` (its primal output is F), so that the program holds
+    one copy of the residual at t0 instead of two."""
+    t0, y0, yp0, args = inputs.t0, inputs.y0, inputs.yp0, inputs.args
     probe = algebraic_probe(config, inputs)
     if probe is None:
-        return jnp.zeros((), bool)
-    return depends_on_yp(config.residual, inputs.t0, inputs.y0, inputs.yp0, inputs.args,
-                         probe)
+        return config.residual(t0, y0, yp0, args), jnp.zeros((), bool)
+    f0, d = jax.jvp(lambda yp_: config.residual(t0, y0, yp_, args), (yp0,), (probe,))
+    return f0, jnp.any(jnp.isfinite(d) & (d != 0))
 
 
 def _with_progress(problem: Problem, config: Config) -> Problem:
     return dataclasses.replace(problem, progress=config.progress)
 
 
-def _start_status(config: Config, inputs: Inputs, y0, yp0, init_ok, mask_bad) -> RESULTS:
+def _start_status(config: Config, inputs: Inputs, y0, yp0, init_ok, mask_bad, f0) -> RESULTS:
     """Status before the first step: run-time input checks, then the algebraic mask
-    (`mask_violation`), then initialization, then the residual at t0 (a NaN there is a
-    domain error of the initial values, not a singular matrix), then — without `init` —
-    whether (y0, y'0) is consistent."""
+    (`mask_violation`), then initialization, then the residual at t0 (`f0`, at the
+    consistent (y0, y'0); a NaN there is a domain error of the initial values, not a
+    singular matrix), then — without `init` — whether (y0, y'0) is consistent."""
     W = RESULTS.where
     result = input_status(inputs)
     result = W((result == RESULTS.successful) & mask_bad, RESULTS.wrong_algebraic_mask, result)
     result = W((result == RESULTS.successful) & ~init_ok, RESULTS.initialization_failed, result)
-    f0 = config.residual(inputs.t0, y0, yp0, inputs.args)
     result = W((result == RESULTS.successful) & ~jnp.all(jnp.isfinite(f0)),
                RESULTS.nonfinite_initial_residual, result)
     if inputs.constraints is not None:   # IDAS: y0 must satisfy the constraints
@@ -236,19 +247,46 @@ def _start_status(config: Config, inputs: Inputs, y0, yp0, init_ok, mask_bad) ->
     return result
 
 
-def inconsistent_start(config: Config, inputs: Inputs, y0, yp0) -> Bool[Array, ""]:
+def inconsistent_start(config: Config, inputs: Inputs, y0, yp0, f0=None) -> Bool[Array, ""]:
     """Without `init`: whether the algebraic components of y0 are inconsistent beyond
     the tolerances, ‖a∘C⁻¹F(t0, y0, y'0)‖_WRMS > 1 (the correction IDACalcIC would make;
-    C the consistency matrix). Used only to explain a first step that fails."""
+    C the consistency matrix; `f0` = F(t0, y0, y'0) if known). Used only to explain a
+    first step that fails; a singular C explains nothing (the integrator's status
+    stays)."""
     if config.init is not None:
         return jnp.zeros((), bool)
-    f0 = config.residual(inputs.t0, y0, yp0, inputs.args)
+    if f0 is None:
+        f0 = config.residual(inputs.t0, y0, yp0, inputs.args)
     split = split_at(config.auto_split, config.residual, inputs.t0, y0, yp0, inputs.args,
                      inputs.algebraic)
+    ewt = error_weights(y0, inputs.rtol, jnp.broadcast_to(inputs.atol, y0.shape))
+    if split.projector is not None or isinstance(config.linear_solver.auxiliary(), DenseLU):
+        u, singular = _dense_correction(config.residual, inputs.t0, y0, yp0, inputs.args,
+                                        split, f0)
+        return ~singular & (wrms(split.alg(u), ewt) > 1.0)
     u, _ = consistency_solve(config.linear_solver, config.residual, inputs.t0, y0, yp0,
                              inputs.args, split, f0[None])
-    ewt = error_weights(y0, inputs.rtol, jnp.broadcast_to(inputs.atol, y0.shape))
     return wrms(split.alg(u[0]), ewt) > 1.0
+
+
+def _dense_correction(residual, t, y, yp, args, split, f):
+    """(C⁻¹f, whether C is singular) for a dense consistency matrix C of `split`, by a
+    QR factorization of the row-equilibrated C (LAPACK through `jnp.linalg.qr`: a few
+    library calls in the compiled program, no pivoting loop) and the singularity test
+    of `factored_is_singular` on R's diagonal. For the diagnosis only (a yes/no at a
+    threshold, never differentiated): the configured solver's factorization
+    (`DenseLU`'s Gauss–Jordan inverse, unrolled over the columns for small n) would
+    compile a second copy of the Newton iteration's inverse into every forward
+    program."""
+    fn = masked_residual(residual, y, yp, split)
+    C = jax.jacfwd(lambda v: fn(t, v, None, args))(jnp.zeros_like(y))
+    rownorm = jnp.max(jnp.abs(C), axis=1)
+    d = 1.0 / jnp.where(rownorm > 0, rownorm, 1.0)
+    q, r = jnp.linalg.qr(C * d[:, None])
+    singular = factored_is_singular((None, jnp.diagonal(r)))
+    u = jax.lax.linalg.triangular_solve(r, (q.T @ (d * f))[:, None], left_side=True,
+                                        lower=False)[:, 0]
+    return u, singular
 
 
 # A step size underflow (t + h == t) within this fraction of |t| from t0 is blamed on the
@@ -257,7 +295,7 @@ def inconsistent_start(config: Config, inputs: Inputs, y0, yp0) -> Bool[Array, "
 TIME_ORIGIN_FRACTION = 1e-3
 
 
-def _explain_failure(config, inputs, y0, yp0, state) -> RESULTS:
+def _explain_failure(config, inputs, y0, yp0, state, f0=None) -> RESULTS:
     """A failure before the first accepted step with inconsistent initial values is
     reported as such (with the hint to use `init=`); a step size that underflowed
     close to a large t0 as the time origin's fault (`RESULTS.time_not_resolved`)."""
@@ -267,7 +305,7 @@ def _explain_failure(config, inputs, y0, yp0, state) -> RESULTS:
     # diagnosis (a dense factorization for auto-split problems) for every member of
     # every batch; under a sharded batch that select also deadlocked XLA's CPU runtime.
     inconsistent = jax.lax.cond(unvmap_any(first),
-                                lambda: first & inconsistent_start(config, inputs, y0, yp0),
+                                lambda: first & inconsistent_start(config, inputs, y0, yp0, f0),
                                 lambda: jnp.zeros((), bool))
     result = RESULTS.where(first & inconsistent & ~_is_start_failure(result),
                            RESULTS.inconsistent_initial_conditions, result)
@@ -314,11 +352,12 @@ def run(config: Config, inputs: Inputs, record: bool = False,
 
 
 class Start(NamedTuple):
-    """What `end` needs of a run's start: the consistent initial values and the worst
-    initialization residual."""
+    """What `end` needs of a run's start: the consistent initial values, the worst
+    initialization residual and F(t0, y0, y'0) there."""
     y0: Any
     yp0: Any
     worst: Any
+    f0: Any
 
 
 def begin(config: Config, inputs: Inputs, record: bool = False,
@@ -329,8 +368,11 @@ def begin(config: Config, inputs: Inputs, record: bool = False,
     y0, yp0, init_ok, worst = consistent_values(config, inputs)
     n, dtype = y0.shape[0], y0.dtype
     t0, t1, saveat = inputs.t0, inputs.t1, inputs.saveat
-    mask_bad = mask_violation(config, inputs)
-    result0 = _start_status(config, inputs, y0, yp0, init_ok, mask_bad)
+    f_given, mask_bad = _given_residual(config, inputs)
+    # Without `init` the start is the given (y0, y'0): F there is already known.
+    f0 = (f_given if config.init is None
+          else config.residual(inputs.t0, y0, yp0, inputs.args))
+    result0 = _start_status(config, inputs, y0, yp0, init_ok, mask_bad, f0)
     sens = s0 = sp0 = qsp0 = None
     if tangents is not None:
         s0, sp0, qs0, qsp0, sing = initial_sensitivities(config, inputs, y0, yp0, tangents, k)
@@ -358,7 +400,7 @@ def begin(config: Config, inputs: Inputs, record: bool = False,
     events = _event_state(config, inputs, y0, yp0, k)
     if progress:
         problem = _with_progress(problem, config)
-    return problem, (state, outputs, recorders, events), Start(y0, yp0, worst)
+    return problem, (state, outputs, recorders, events), Start(y0, yp0, worst, f0)
 
 
 def end(config: Config, inputs: Inputs, carry, start: Start, record: bool = False,
@@ -366,7 +408,7 @@ def end(config: Config, inputs: Inputs, carry, start: Start, record: bool = Fals
     """`run` after its integration: (Core, Record or None, tangent outputs or None) of
     the integration's final carry."""
     state, outputs, recorders, events = carry
-    y0, yp0, worst = start
+    y0, yp0, worst, f0 = start
     n, dtype = y0.shape[0], y0.dtype
     delay = isinstance(inputs.args, DelayArgs)
     dense = None
@@ -374,7 +416,7 @@ def end(config: Config, inputs: Inputs, carry, start: Start, record: bool = Fals
         recorders = recorders[:-1]
     if config.dense:
         recorders, dense = recorders[:-1], recorders[-1]
-    state = eqx.tree_at(lambda z: z.result, state, _explain_failure(config, inputs, y0, yp0, state))
+    state = eqx.tree_at(lambda z: z.result, state, _explain_failure(config, inputs, y0, yp0, state, f0))
     stats = {name: v for name, v in state.stats.items()
              if name != "num_sensitivity_residual_evals"}
     if events is not None and config.index2:

@@ -42,6 +42,7 @@ integrated with its own error control; no step size or order is ever differentia
 (Eberhard & Bischof).
 """
 
+import collections
 import dataclasses
 import functools as ft
 
@@ -82,6 +83,7 @@ def _core_function(static, record: bool):
             out, rec = filter_primitive_bind(forward_p, config, inputs, record)
         else:
             out, rec = run_forward(config, inputs, record=record)
+        _remember_core_shape(config, inputs, out)
         return (out, rec) if record else out
 
     def core_jvp(primals, tangents):
@@ -190,9 +192,55 @@ def _primal_tangent_abstract(config, inputs, t, ndir):
         return shaped_array(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x
     def struct(x):
         return jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.core.ShapedArray) else x
+    core = _known_core_shape(config, inputs)
+    if core is not None:
+        # The fused run's Core is the primal run's (`run`: the same pytree), and its
+        # tangent outputs have the shapes of the Core's yd, qs, event_t and event_yd with
+        # a leading direction axis: no second trace of the integrator for the shapes.
+        lead = () if ndir is None else (ndir,)
+        dots = tuple(jax.ShapeDtypeStruct(lead + x.shape, x.dtype)
+                     for x in (core.yd, core.qs, core.event_t, core.event_yd))
+        return jax.tree_util.tree_map(shaped, (core, dots))
     args = jax.tree_util.tree_map(struct, (config, inputs, t))
     out = eqx.filter_eval_shape(_primal_tangent_impl, *args, ndir)
     return jax.tree_util.tree_map(shaped, out)
+
+
+# The output shapes of the primal runs traced so far, by the static part and the shapes
+# of (config, inputs): JAX traces the primal run (inside `solve`'s jit) before it
+# differentiates it, so `_primal_tangent_abstract` finds its Core here instead of
+# tracing the whole integrator once more only for the shapes of its outputs. Bounded:
+# the keys hold the user's functions.
+_CORE_SHAPES: "collections.OrderedDict" = collections.OrderedDict()
+_CORE_SHAPES_MAX = 64
+
+
+def _shape_key(config, inputs):
+    """A hashable key of (config, inputs) up to the values of their arrays, or None."""
+    leaves, tree = jax.tree_util.tree_flatten((config, inputs))
+    key = (tree, tuple((tuple(x.shape), jnp.dtype(x.dtype)) if hasattr(x, "shape")
+                       and hasattr(x, "dtype") else x for x in leaves))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _remember_core_shape(config, inputs, out):
+    key = _shape_key(config, inputs)
+    if key is None:
+        return
+    _CORE_SHAPES[key] = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if eqx.is_array(x) else x, out)
+    _CORE_SHAPES.move_to_end(key)
+    while len(_CORE_SHAPES) > _CORE_SHAPES_MAX:
+        _CORE_SHAPES.popitem(last=False)
+
+
+def _known_core_shape(config, inputs):
+    key = _shape_key(config, inputs)
+    return None if key is None else _CORE_SHAPES.get(key)
 
 
 def _primal_tangent_jvp(primals, tangents):
@@ -471,8 +519,16 @@ def _cotangent_jvp(primals, tangents):
     x_dot = None if inputs_dot is None else input_tangents(inputs, inputs_dot)
     out = filter_primitive_bind(cotangent_p, config, inputs, rec, ct, wanted, ndir)
     out_dot = None
-    if ct_dot is not None and any(c is not None for c in ct_dot):
+    has_ct_dot = ct_dot is not None and any(c is not None for c in ct_dot)
+    if has_ct_dot:
         ct_dot = tuple(jnp.zeros_like(c) if d is None else d for c, d in zip(ct, ct_dot))
+    if (has_ct_dot and x_dot is not None and not config.index2
+            and not being_linearized((ct_dot, x_dot))):
+        # Forward over reverse (`jax.hessian`, `jacfwd(jacrev)`): both terms from one
+        # augmented adjoint solve (`hessian_total_p`) instead of a second adjoint pass.
+        return out, filter_primitive_bind(hessian_total_p, config, inputs, rec, ct, ct_dot,
+                                          x_dot, wanted, ndir)
+    if has_ct_dot:
         out_dot = filter_primitive_bind(cotangent_p, config, inputs, rec, ct_dot, wanted, ndir)
     if x_dot is not None:
         if config.index2:
@@ -520,6 +576,75 @@ def _hessian_value(config, inputs, ct, x_dot, wanted):
     (xbar,) = vjp(ct)
     xbar = Tangents(t0=xbar[0], y0=xbar[1], yp0=xbar[2], args=xbar[3])
     return _restrict(xbar, wanted)
+
+
+def _hessian_total_value(config, inputs, ct, ct_dot, x_dot, wanted):
+    """L(x)ᵀ δȳ + H(x, ȳ) δx = ∂_x [⟨δȳ, y(x)⟩ + ⟨ȳ, L(x) δx⟩]: the vjp with respect to x
+    of both outputs of T at u = δx with cotangent (δȳ, ȳ) (the module docstring) — one
+    forward and one adjoint solve of the augmented DAE (G), whose adjoint carries the
+    first-order term too, where `cotangent_p` + `hessian_p` would run a second adjoint
+    pass (of the plain DAE) for L(x)ᵀ δȳ."""
+    xd = _differentiable_part(inputs)
+    u = _full(inputs, x_dot)
+
+    def T(xd_):
+        primal, tangent, _ = augmented(config, _with_differentiable(inputs, xd_), u)
+        return primal, tangent
+
+    _, vjp = jax.vjp(T, xd)
+    (xbar,) = vjp((ct_dot, ct))
+    xbar = Tangents(t0=xbar[0], y0=xbar[1], yp0=xbar[2], args=xbar[3])
+    return _restrict(xbar, wanted)
+
+
+def _hessian_total_impl(config, inputs, rec, ct, ct_dot, x_dot, wanted, ndir):
+    del rec   # an operand only for the unfused form (`_hessian_total_unfused`)
+    if ndir is None:
+        return _hessian_total_value(config, inputs, ct, ct_dot, x_dot, wanted)
+    return jax.vmap(lambda c, cd: _hessian_total_value(config, inputs, c, cd, x_dot, wanted))(
+        ct, ct_dot)
+
+
+def _hessian_total_abstract(config, inputs, rec, ct, ct_dot, x_dot, wanted, ndir):
+    return _cotangent_abstract(config, inputs, None, ct, wanted, ndir)
+
+
+def _hessian_total_unfused(config, inputs, rec, ct, ct_dot, x_dot, wanted, ndir):
+    """What `hessian_total_p` computes, as `cotangent_p` (L(x)ᵀ δȳ) plus `hessian_p`
+    (H(x, ȳ) δx): the form with transposition and higher-order rules."""
+    a = filter_primitive_bind(cotangent_p, config, inputs, rec, ct_dot, wanted, ndir)
+    h = filter_primitive_bind(hessian_p, config, inputs, ct, x_dot, wanted, ndir)
+    return jax.tree_util.tree_map(jnp.add, a, h)
+
+
+def _hessian_total_jvp(primals, tangents):
+    """Third order: through the unfused form (whose primitives have their rules)."""
+    config, _, _, _, _, _, wanted, ndir = primals
+    live_primals = primals[1:6]
+    live_tangents = tangents[1:6]
+
+    def leaf_tangents(x, dx):
+        tr = jax.tree_util.tree_structure(x)
+        return [None] * tr.num_leaves if dx is None else tr.flatten_up_to(dx)
+
+    leaves, tree = jax.tree_util.tree_flatten(live_primals)
+    dots = [d for x, dx in zip(live_primals, live_tangents) for d in leaf_tangents(x, dx)]
+    live = [i for i, (x, d) in enumerate(zip(leaves, dots)) if d is not None and eqx.is_array(x)]
+
+    def f(*xs):
+        full = list(leaves)
+        for i, x in zip(live, xs):
+            full[i] = x
+        return _hessian_total_unfused(config, *jax.tree_util.tree_unflatten(tree, full),
+                                      wanted, ndir)
+
+    return jax.jvp(f, tuple(leaves[i] for i in live), tuple(dots[i] for i in live))
+
+
+def _hessian_total_transpose(inputs_all, cts_out):
+    raise NotImplementedError(
+        "daeadjoint internal error: the fused forward-over-reverse term was transposed; "
+        "it is only used when JAX is not linearizing the reverse pass.")
 
 
 def _hessian_impl(config, inputs, ct, x_dot, wanted, ndir):
@@ -589,3 +714,15 @@ hessian_p = create_vprim(
     filter_primitive_jvp(_hessian_jvp),
     filter_primitive_transpose(materialise_zeros=False)(_hessian_transpose),
 )
+
+
+hessian_total_p = create_vprim(
+    "daeadjoint_hessian_total",
+    filter_primitive_def(_hessian_total_impl),
+    filter_primitive_def(_hessian_total_abstract),
+    filter_primitive_jvp(_hessian_total_jvp),
+    filter_primitive_transpose(materialise_zeros=False)(_hessian_total_transpose),
+)
+# Partial evaluation (a linearization `being_linearized` could not see): the unfused
+# form, whose primitives JAX can transpose.
+set_partial_eval_rule(hessian_total_p, _hessian_total_unfused)

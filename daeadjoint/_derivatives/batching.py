@@ -15,7 +15,8 @@ from jax.sharding import PartitionSpec
 
 from .._jax_internals import (MISSING, batch_explicit_axis, batching_rule, filter_primitive_bind,
                               set_batching_rule, unflatten_operands)
-from .autodiff import _unfused, cotangent_p, forward_p, hessian_p, primal_tangent_p, tangent_p
+from .autodiff import (_unfused, cotangent_p, forward_p, hessian_p, hessian_total_p,
+                       primal_tangent_p, tangent_p)
 
 # ------------------------------------------------------------------- batching rules
 
@@ -28,7 +29,8 @@ def _dims_tree(dims, static, treedef):
 
 # equinox's rules (vmap of the primitives' rules), read before they are replaced below.
 _vprim_rules = {p: batching_rule(p)
-                for p in (tangent_p, cotangent_p, hessian_p, primal_tangent_p, forward_p)}
+                for p in (tangent_p, cotangent_p, hessian_p, hessian_total_p, primal_tangent_p,
+                          forward_p)}
 # Which operand of each primitive is linear (tangent, cotangent, direction).
 _LINEAR = {tangent_p: 3, cotangent_p: 3, hessian_p: 3, primal_tangent_p: 2}
 
@@ -195,4 +197,5 @@ set_batching_rule(tangent_p, _shard_mapped(tangent_p, _tangent_batch))
 set_batching_rule(primal_tangent_p, _shard_mapped(primal_tangent_p, _primal_tangent_batch))
 set_batching_rule(cotangent_p, _shard_mapped(cotangent_p, _fold_batch(cotangent_p, 3)))
 set_batching_rule(hessian_p, _shard_mapped(hessian_p, _fallback_batch(hessian_p)))
+set_batching_rule(hessian_total_p, _shard_mapped(hessian_total_p, _fallback_batch(hessian_total_p)))
 set_batching_rule(forward_p, _shard_mapped(forward_p, _fallback_batch(forward_p)))
