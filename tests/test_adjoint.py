@@ -559,7 +559,8 @@ def test_fallback_whose_replay_fails_reports_the_failure(monkeypatch):
     """If the discrete pass of the fallback cannot replay a segment, its cotangents are
     incomplete: they must be reported as the failure (warning "failed too", NaN), never
     as a gradient. Every replay is forced to fail here (so the continuous pass fails
-    first, and the discrete pass after it)."""
+    first, and the discrete pass after it; keep_bytes=0, so that the continuous pass
+    replays its segments instead of reading the kept forward steps)."""
     from daeadjoint._derivatives import adjoint as adjoint_module
 
     real = adjoint_module.replay_segment
@@ -570,7 +571,7 @@ def test_fallback_whose_replay_fails_reports_the_failure(monkeypatch):
 
     monkeypatch.setattr(adjoint_module, "replay_segment", failing_replay)
     with pytest.warns(RuntimeWarning, match="failed too"):
-        g = jax.grad(_decay_end)(0.7, dae.Adjoint())
+        g = jax.grad(_decay_end)(0.7, dae.Adjoint(keep_bytes=0))
     assert np.isnan(float(g))
 
 
