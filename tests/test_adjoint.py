@@ -398,7 +398,7 @@ def test_kept_trajectory_equals_its_replay():
     """`Adjoint(keep_bytes=...)`: the forward run keeps the Hermite nodes of its first
     S whole segments and the backward pass reads them instead of replaying the segments;
     the replay repeats the original steps bit for bit, so the gradient must be
-    *identical* with every segment kept (the default budget), with only the first two
+    *identical* with every segment kept (a budget of 256 KiB), with only the first two
     kept and the rest replayed, and with every segment replayed (keep_bytes=0). Chain
     problem of the test above (n = 12, checkpoint_every=4, a terminal event, outputs, an
     algebraic component). The budget's rule gives the kept buffer's rows: S·4 + 9 with
@@ -415,7 +415,7 @@ def test_kept_trajectory_equals_its_replay():
     def rows(keep_bytes):
         return ((keep_bytes // (25 * 8) - 9) // 4) * 4 + 9
 
-    default = dae.Adjoint().keep_bytes
+    default = 256 * 1024                # every segment of this run
     two = (9 + 2 * 4) * 25 * 8          # S = 2
     g_all, jaxpr_all = run(default)
     g_two, jaxpr_two = run(two)

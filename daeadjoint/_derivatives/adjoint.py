@@ -80,8 +80,11 @@ from .tangents import _restrict, reverse_tangents_at_t0
 # How the backward pass evaluates the forward solution between steps (`Adjoint`).
 Interpolation = Literal["hermite", "bdf"]
 
-# `Adjoint(keep_bytes=...)`'s default: the forward steps kept for the backward pass.
-KEEP_BYTES = 256 * 1024
+# `Adjoint(keep_bytes=...)`'s default: none. Keeping Robertson's 987 steps (256 KiB)
+# made its gradient slower, not faster (10.8 → 15.1 ms, fastest of 40, quiet machine):
+# the recording forward pays an outer-loop trip per step, and the backward pass got
+# slower too, for reasons not yet measured (docs/performance.md).
+KEEP_BYTES = 0
 
 
 class TrajectoryRecorder(eqx.Module):
@@ -172,14 +175,14 @@ class Adjoint(AbstractAdjoint):
     - `quad_error_control`: include the parameter-gradient quadrature ∫(wᵀq_p − λᵀF_p)
       in the adjoint error test (IDAS errconQB; default True: on Robertson it makes the
       rtol-1e-6 gradient 30x more accurate for ~the same number of steps).
-    - `keep_bytes`: memory for keeping the forward steps themselves (default 256 KiB;
-      0: keep none). The forward pass keeps the Hermite nodes (t, y, y', 2n + 1 numbers)
+    - `keep_bytes`: memory for keeping the forward steps themselves (default 0: keep
+      none; on Robertson, keeping all its steps made the gradient slower). The forward
+      pass keeps the Hermite nodes (t, y, y', 2n + 1 numbers)
       of its first S·`checkpoint_every` steps, S = ⌊(keep_bytes / ((2n + 1)·itemsize)
       − 9) / checkpoint_every⌋ whole segments (no more than `max_steps` needs), and the
       backward pass reads those segments instead of replaying them; it replays only the
-      segments past them. So a solve of a few thousand steps of a small system
-      (Robertson, n = 3: 4600 steps) is never replayed, and the memory stays bounded by
-      `keep_bytes` for large ones. With `interpolation="bdf"` nothing is kept this way.
+      segments past them (256 KiB: 4600 steps at n = 3); the memory stays bounded by
+      `keep_bytes`. With `interpolation="bdf"` nothing is kept this way.
     - `max_steps`: adjoint steps allowed between two restarts (default: the forward one).
     - `fallback`: when the backward integration fails (`RESULTS.adjoint_failed`) but the
       forward solve succeeded, compute this gradient with the discrete adjoint of the
