@@ -349,12 +349,13 @@ def _chain(t, y, yp, p):
     return jnp.concatenate([d, (y[11] - jnp.sum(y[:11] ** 2))[None]])
 
 
-def _chain_loss(p, interpolation):
+def _chain_loss(p, interpolation, keep_bytes=0):
     y0 = jnp.concatenate([jnp.linspace(1.0, 0.5, 11), jnp.zeros(1)])
     sol = dae.solve(_chain, 0.0, 5.0, y0, jnp.zeros(12), p, init="ya_ydp",
                     algebraic=jnp.arange(12) == 11, saveat=jnp.array([0.7, 2.0, 5.0]),
                     event=dae.Event(lambda t, y, yp, p: y[11] - 2.0, direction=-1),
-                    sensitivity=dae.Adjoint(checkpoint_every=4, interpolation=interpolation),
+                    sensitivity=dae.Adjoint(checkpoint_every=4, interpolation=interpolation,
+                                            keep_bytes=keep_bytes),
                     rtol=1e-6, atol=1e-8)
     rows = jnp.where(jnp.isfinite(sol.ys), sol.ys, 0.0)
     return jnp.sum(rows[:, [0, 5, 11]]) + sol.event_ts[0]
@@ -389,6 +390,42 @@ def test_kept_last_segment_equals_its_replay(interpolation, monkeypatch):
     assert "f64[5,12]" in jaxpr_kept and "f64[5,12]" not in jaxpr_replayed
     assert np.all(np.isfinite(g_kept)) and np.any(g_kept != 0)
     np.testing.assert_array_equal(g_kept, g_replayed)
+
+
+# Slow (~80 s: three traces and compilations of the gradient), like the test above.
+@pytest.mark.slow
+def test_kept_trajectory_equals_its_replay():
+    """`Adjoint(keep_bytes=...)`: the forward run keeps the Hermite nodes of its first
+    S whole segments and the backward pass reads them instead of replaying the segments;
+    the replay repeats the original steps bit for bit, so the gradient must be
+    *identical* with every segment kept (a budget of 256 KiB), with only the first two
+    kept and the rest replayed, and with every segment replayed (keep_bytes=0). Chain
+    problem of the test above (n = 12, checkpoint_every=4, a terminal event, outputs, an
+    algebraic component). The budget's rule gives the kept buffer's rows: S·4 + 9 with
+    S = ⌊(⌊keep_bytes / ((2n + 1)·8)⌋ − 9) / 4⌋; the jaxprs show them, which proves the
+    paths ran."""
+    p = jnp.array([0.9, 0.2])
+    grad = jax.jit(jax.grad(_chain_loss), static_argnums=(1, 2))
+
+    def run(keep_bytes):
+        jaxpr = str(jax.make_jaxpr(jax.grad(_chain_loss), static_argnums=(1, 2))(
+            p, "hermite", keep_bytes))
+        return np.asarray(grad(p, "hermite", keep_bytes)), jaxpr
+
+    def rows(keep_bytes):
+        return ((keep_bytes // (25 * 8) - 9) // 4) * 4 + 9
+
+    default = 256 * 1024                # every segment of this run
+    two = (9 + 2 * 4) * 25 * 8          # S = 2
+    g_all, jaxpr_all = run(default)
+    g_two, jaxpr_two = run(two)
+    g_none, jaxpr_none = run(0)
+    assert f"f64[{rows(default)},12]" in jaxpr_all and rows(default) > 1000
+    assert f"f64[{rows(two)},12]" in jaxpr_two and rows(two) == 17
+    assert f"f64[{rows(two)},12]" not in jaxpr_none and f"f64[{rows(default)},12]" not in jaxpr_none
+    assert np.all(np.isfinite(g_none)) and np.any(g_none != 0)
+    np.testing.assert_array_equal(g_all, g_none)
+    np.testing.assert_array_equal(g_two, g_none)
 
 
 def _square_wave_decay(t, y, yp, a):
@@ -522,7 +559,8 @@ def test_fallback_whose_replay_fails_reports_the_failure(monkeypatch):
     """If the discrete pass of the fallback cannot replay a segment, its cotangents are
     incomplete: they must be reported as the failure (warning "failed too", NaN), never
     as a gradient. Every replay is forced to fail here (so the continuous pass fails
-    first, and the discrete pass after it)."""
+    first, and the discrete pass after it; keep_bytes=0, so that the continuous pass
+    replays its segments instead of reading the kept forward steps)."""
     from daeadjoint._derivatives import adjoint as adjoint_module
 
     real = adjoint_module.replay_segment
@@ -533,7 +571,7 @@ def test_fallback_whose_replay_fails_reports_the_failure(monkeypatch):
 
     monkeypatch.setattr(adjoint_module, "replay_segment", failing_replay)
     with pytest.warns(RuntimeWarning, match="failed too"):
-        g = jax.grad(_decay_end)(0.7, dae.Adjoint())
+        g = jax.grad(_decay_end)(0.7, dae.Adjoint(keep_bytes=0))
     assert np.isnan(float(g))
 
 

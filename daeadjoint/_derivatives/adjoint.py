@@ -59,14 +59,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
-from jaxtyping import Array
+from jaxtyping import Array, Bool, Float, Int
 
 from .._consistency import Split, consistency_solve, split_at
 from .._core import build_problem
 from .._events import observations
 from .._jax_internals import unvmap_any
 from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, State,
-                           StepRecorder, initial_state, initial_step, integrate,
+                           StepRecorder, _write_slot, initial_state, initial_step, integrate,
                            restore_linear_state, segment_capacity)
 from .._linalg.linear_solver import AbstractLinearSolver
 from .._newton import maybe_update, tree_where
@@ -80,6 +80,75 @@ from .tangents import _restrict, reverse_tangents_at_t0
 # How the backward pass evaluates the forward solution between steps (`Adjoint`).
 Interpolation = Literal["hermite", "bdf"]
 
+# `Adjoint(keep_bytes=...)`'s default: none. Keeping Robertson's 987 steps (256 KiB)
+# made its gradient slower, not faster (10.8 → 15.1 ms, fastest of 40, quiet machine):
+# the recording forward pays an outer-loop trip per step, and the backward pass got
+# slower too, for reasons not yet measured (docs/performance.md).
+KEEP_BYTES = 0
+
+
+class TrajectoryRecorder(eqx.Module):
+    """The Hermite nodes (t_m, y_m, y'_m) of the first `steps_kept` accepted steps of
+    the recording forward run (`Adjoint(keep_bytes=...)`), node 0 its start: the backward
+    pass reads segment i (nodes iN … (i+1)N, N = checkpoint_every) from here instead of
+    replaying it (`segment_steps`). The node values are those a replay from checkpoint
+    i records (`StepRecorder`): the replay repeats the forward steps bit for bit.
+
+    Recorded by `integrate`'s outer loop (`per_step = False`, due after every accepted
+    step), so the step loop never carries the buffer and stays on XLA's sequential
+    executor for small systems; the outer loop's trip per step costs less than the
+    replay it saves (Robertson: docs/performance.md, "Gradients: time and memory")."""
+
+    t: Float[Array, " R"]
+    y: Float[Array, "R n"]
+    yp: Float[Array, "R n"]
+    steps: Int[Array, ""]              # accepted steps of the run so far
+
+    # Rows past the kept nodes, so that a segment's buffer (`segment_capacity` + 1
+    # rows) is one slice from its start node at every kept segment.
+    MARGIN = segment_capacity(0)
+    per_step = False
+
+    @classmethod
+    def create(cls, state: State, yp0, steps_kept: int):
+        n, dtype = state.phi.shape[1], state.phi.dtype
+        rows = steps_kept + 1 + cls.MARGIN
+        return cls(t=jnp.full((rows,), jnp.inf, dtype).at[0].set(state.t),
+                   y=jnp.zeros((rows, n), dtype).at[0].set(state.phi[0]),
+                   yp=jnp.zeros((rows, n), dtype).at[0].set(yp0),
+                   steps=jnp.zeros((), jnp.int32))
+
+    @property
+    def steps_kept(self) -> int:
+        return self.t.shape[0] - 1 - self.MARGIN
+
+    def due(self, s: State, passed) -> Bool[Array, ""]:
+        return passed
+
+    def record(self, s: State, passed) -> "TrajectoryRecorder":
+        m = s.stats["num_steps"]           # counts this step if it passed
+        do = passed & (m <= self.steps_kept)
+        y, yp = StepRecorder._node(s)
+        t, y, yp = _write_slot((self.t, self.y, self.yp), jnp.minimum(m, self.steps_kept),
+                               (s.t, y, yp), do)
+        return TrajectoryRecorder(t=t, y=y, yp=yp, steps=self.steps + passed.astype(jnp.int32))
+
+    def holds(self, i, every: int) -> Bool[Array, ""]:
+        """Whether segment i is kept whole."""
+        return (i + 1) * every <= self.steps_kept
+
+    def segment(self, i, every: int, like: StepRecorder) -> StepRecorder:
+        """Segment i (nodes i·every … end) as a `StepRecorder` shaped as `like`; the
+        last segment of the run ends at its last step."""
+        rows = like.t.shape[0]
+        start = jnp.minimum(i * every, self.steps_kept - every)
+        count = jnp.clip(self.steps - start, 0, every)
+        t = jax.lax.dynamic_slice_in_dim(self.t, start, rows)
+        t = jnp.where(jnp.arange(rows) <= count, t, jnp.inf)
+        return dataclasses.replace(like, t=t, y=jax.lax.dynamic_slice_in_dim(self.y, start, rows),
+                                   yp=jax.lax.dynamic_slice_in_dim(self.yp, start, rows),
+                                   count=count)
+
 
 class Adjoint(AbstractAdjoint):
     """Gradients by the continuous adjoint DAE solved backward.
@@ -88,11 +157,11 @@ class Adjoint(AbstractAdjoint):
 
     - `checkpoint_every`: steps between hot-restart checkpoints of the forward pass
       (default 100, as IDAS's adjoint examples). The forward pass also keeps the steps
-      of its last segment, so a solve of at most `checkpoint_every` steps is never
-      replayed; earlier segments are, once each. Memory: ⌈max_steps/checkpoint_every⌉
-      + 1 checkpoints of O(n) each, plus two segment buffers (the forward's last and the
-      backward's current) of checkpoint_every + O(1) steps × 2n — independent of the
-      number of steps taken. With `delays=` each checkpoint also holds the step
+      of its first segments (`keep_bytes`) and, for n ≥ 11 past those, of its last
+      segment; the other segments are replayed, once each. Memory: ⌈max_steps /
+      checkpoint_every⌉ + 1 checkpoints of O(n) each, `keep_bytes`, plus two segment
+      buffers (the forward's last and the backward's current) of checkpoint_every + O(1)
+      steps × 2n — independent of the number of steps taken. With `delays=` each checkpoint also holds the step
       history ring (`history_steps` steps), and the delay adjoint recomputes from
       checkpoints only where that stores fewer steps than the whole trajectory
       (`_delay/checkpoint.py`, docs/delays.md).
@@ -106,6 +175,14 @@ class Adjoint(AbstractAdjoint):
     - `quad_error_control`: include the parameter-gradient quadrature ∫(wᵀq_p − λᵀF_p)
       in the adjoint error test (IDAS errconQB; default True: on Robertson it makes the
       rtol-1e-6 gradient 30x more accurate for ~the same number of steps).
+    - `keep_bytes`: memory for keeping the forward steps themselves (default 0: keep
+      none; on Robertson, keeping all its steps made the gradient slower). The forward
+      pass keeps the Hermite nodes (t, y, y', 2n + 1 numbers)
+      of its first S·`checkpoint_every` steps, S = ⌊(keep_bytes / ((2n + 1)·itemsize)
+      − 9) / checkpoint_every⌋ whole segments (no more than `max_steps` needs), and the
+      backward pass reads those segments instead of replaying them; it replays only the
+      segments past them (256 KiB: 4600 steps at n = 3); the memory stays bounded by
+      `keep_bytes`. With `interpolation="bdf"` nothing is kept this way.
     - `max_steps`: adjoint steps allowed between two restarts (default: the forward one).
     - `fallback`: when the backward integration fails (`RESULTS.adjoint_failed`) but the
       forward solve succeeded, compute this gradient with the discrete adjoint of the
@@ -122,6 +199,7 @@ class Adjoint(AbstractAdjoint):
     rtol: float | None = None       # may be traced (a tolerance study under jit/vmap)
     atol: float | None = None
     quad_error_control: bool = eqx.field(static=True, default=True)
+    keep_bytes: int = eqx.field(static=True, default=KEEP_BYTES)
     max_steps: int | None = eqx.field(static=True, default=None)
     fallback: bool = eqx.field(static=True, default=True)
 
@@ -133,13 +211,30 @@ class Adjoint(AbstractAdjoint):
         if not (isinstance(self.checkpoint_every, int) and self.checkpoint_every > 0):
             raise ValueError("Adjoint(checkpoint_every=...) must be a positive integer, got "
                              f"{self.checkpoint_every!r}.")
+        if not (isinstance(self.keep_bytes, int) and self.keep_bytes >= 0):
+            raise ValueError("Adjoint(keep_bytes=...) must be a non-negative integer, got "
+                             f"{self.keep_bytes!r}.")
+
+    def kept_segments(self, n: int, dtype, max_steps: int) -> int:
+        """S: how many whole checkpoint segments the forward pass keeps (`keep_bytes`)."""
+        if self.interpolation != "hermite":
+            return 0
+        nodes = self.keep_bytes // ((2 * n + 1) * jnp.dtype(dtype).itemsize)
+        return max(0, min((nodes - 1 - TrajectoryRecorder.MARGIN) // self.checkpoint_every,
+                          -(-max_steps // self.checkpoint_every)))
 
     def recorders(self, state, yp0, max_steps: int) -> tuple:
         checkpoints = CheckpointRecorder.create(state, self.checkpoint_every, max_steps)
-        if not SegmentRecorder.pays(state):
-            return (checkpoints,)
-        return (checkpoints, SegmentRecorder.create(state, yp0, self.checkpoint_every,
-                                                    hermite=self.interpolation == "hermite"))
+        recs: tuple = (checkpoints,)
+        n, dtype = state.phi.shape[1], state.phi.dtype
+        kept = self.kept_segments(n, dtype, max_steps)
+        if kept:
+            recs = recs + (TrajectoryRecorder.create(state, yp0, kept * self.checkpoint_every),)
+        # The last segment's ring pays only past the kept steps.
+        if SegmentRecorder.pays(state) and kept * self.checkpoint_every < max_steps:
+            recs = recs + (SegmentRecorder.create(state, yp0, self.checkpoint_every,
+                                                  hermite=self.interpolation == "hermite"),)
+        return recs
 
     def backward(self, config, inputs, rec, ct, wanted):
         out, result, singular = backward(self, config, inputs, rec, ct, wanted)
@@ -676,9 +771,83 @@ def rebase(c: _Sweep) -> _Sweep:
     return c._replace(adj=adj, t_r=t_r + d)
 
 
+# XLA's CPU runtime runs a loop body's operations one after another in the calling
+# thread only while every buffer each of them reads or writes is at most this many bytes;
+# past it, every trip of the loop goes through its task-graph executor, several times
+# slower per operation for small problems (`integrate`, docs/performance.md).
+SEQUENTIAL_BUFFER_BYTES = 512
+
+
+class _Nodes(eqx.Module):
+    """The Hermite nodes of a segment's `StepRecorder` (t, y, y'), split by rows into
+    pieces of at most `SEQUENTIAL_BUFFER_BYTES` each, for the adjoint's step loop:
+    its residual evaluates the forward solution every Newton iteration, and reading
+    the whole buffer (109 × n values at the default `checkpoint_every`, 2.6 kB for
+    n = 3) put every operation of (A)'s step loop on XLA's thread-pool executor. The
+    pieces are separate arrays, so each read stays below the size. `evaluate` is
+    `StepRecorder.evaluate` (Hermite), the same rows and the same arithmetic."""
+
+    t: tuple
+    y: tuple
+    yp: tuple
+    count: Array
+    rows_t: int = eqx.field(static=True)
+    rows_y: int = eqx.field(static=True)
+
+    @staticmethod
+    def of(buf: StepRecorder):
+        """The split view of `buf`, or `buf` itself where splitting cannot keep the
+        reads small (one row of y over the size: large n, whose step loop is not
+        sequential anyway) or is not needed (the whole buffer is small), or for the
+        BDF interpolant (`interpolation="bdf"`, whose history rows are 6n values)."""
+        item = buf.y.dtype.itemsize
+        rows, n = buf.y.shape
+        rows_t = SEQUENTIAL_BUFFER_BYTES // item
+        rows_y = SEQUENTIAL_BUFFER_BYTES // max(n * item, 1)
+        if not buf.hermite or rows_y == 0 or rows <= min(rows_t, rows_y):
+            return buf
+
+        def split(x, r):
+            return tuple(x[i:i + r] for i in range(0, rows, r))
+
+        return _Nodes(t=split(buf.t, rows_t), y=split(buf.y, rows_y), yp=split(buf.yp, rows_y),
+                      count=buf.count, rows_t=rows_t, rows_y=rows_y)
+
+    @staticmethod
+    def _row(pieces, r, j):
+        """Row j of the pieces (rows r each) stacked."""
+        out = jax.lax.dynamic_index_in_dim(pieces[0], jnp.minimum(j, r - 1), keepdims=False)
+        for c, x in enumerate(pieces[1:], 1):
+            row = jax.lax.dynamic_index_in_dim(x, jnp.clip(j - c * r, 0, x.shape[0] - 1),
+                                               keepdims=False)
+            out = jnp.where(j >= c * r, row, out)
+        return out
+
+    def evaluate(self, t):
+        """y(t), y'(t): the cubic Hermite interpolant on the step [t_{i-1}, t_i] that
+        contains t (`StepRecorder.evaluate`)."""
+        # searchsorted (left) on the ascending node times (∞ past the count): the
+        # number of nodes before t.
+        i = sum(jnp.sum(x < t, dtype=jnp.int32) for x in self.t)
+        i = jnp.clip(i, 1, jnp.maximum(self.count, 1))
+        ta, tb = self._row(self.t, self.rows_t, i - 1), self._row(self.t, self.rows_t, i)
+        h = tb - ta
+        x = (t - ta) / h
+        ya, yb = self._row(self.y, self.rows_y, i - 1), self._row(self.y, self.rows_y, i)
+        ma = h * self._row(self.yp, self.rows_y, i - 1)
+        mb = h * self._row(self.yp, self.rows_y, i)
+        h00, h10, h01, h11 = (2 * x**3 - 3 * x**2 + 1, x**3 - 2 * x**2 + x,
+                              -2 * x**3 + 3 * x**2, x**3 - x**2)
+        d00, d10, d01, d11 = 6 * x**2 - 6 * x, 3 * x**2 - 4 * x + 1, -6 * x**2 + 6 * x, 3 * x**2 - 2 * x
+        y = h00 * ya + h10 * ma + h01 * yb + h11 * mb
+        yp = (d00 * ya + d10 * ma + d01 * yb + d11 * mb) / h
+        return y, yp
+
+
 def integrate_segment(bw: _Backward, c: _Sweep, max_steps: int) -> _Sweep:
     """Integrate (A) backward over the current segment (down to c.t_low), stopping
-    at each observation in it to jump and restart."""
+    at each observation in it to jump and restart. (A)'s step loop reads the forward
+    steps through `_Nodes`."""
     empty = _empty_outputs(bw.rtol.dtype, 2 * bw.n * bw.k, bw.terms.npar * bw.k)
 
     def cond(c):
@@ -688,7 +857,7 @@ def integrate_segment(bw: _Backward, c: _Sweep, max_steps: int) -> _Sweep:
         c = rebase(observe(bw, c))
         t_next = bw.next_time(c.t_low, c.obs, c.t_cur)
         t_r = c.t_r
-        adj, _, _, _ = integrate(bw.problem(c.buf, c.w, t_r, t_next, c.equations),
+        adj, _, _, _ = integrate(bw.problem(_Nodes.of(c.buf), c.w, t_r, t_next, c.equations),
                                  c.adj, empty, t_r - t_next, max_steps)
         ok = c.ok & (adj.result == RESULTS.successful)
         # After a singular restart (c.ok already false) the attempt's result is dropped.
@@ -716,7 +885,12 @@ def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: _Sweep, i, y
     t_next = jnp.where(i + 1 >= n_ck, rec.t_final, cks.states.t[jnp.minimum(i + 1, ck_cap - 1)])
     kept = (need & (i == rec.segment.index) & ~replay_all if rec.segment is not None
             else jnp.zeros((), bool))
-    replay = need & ~kept
+    every = cks.every
+    traj = rec.log if isinstance(rec.log, TrajectoryRecorder) else None
+    stored = (need & ~replay_all & traj.holds(i, every) if traj is not None
+              else jnp.zeros((), bool))
+    kept = kept & ~stored
+    replay = need & ~kept & ~stored
     # One-trip loops, not conds: a cond returning the current buffer would copy it.
     buf, ok = maybe_update(
         replay,
@@ -724,6 +898,8 @@ def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: _Sweep, i, y
         (c.buf, jnp.ones((), bool)))
     if rec.segment is not None:
         buf = maybe_update(kept, lambda: rec.segment.buffer(buf0), buf)
+    if traj is not None:
+        buf = maybe_update(stored, lambda: traj.segment(i, every, buf0), buf)
     return buf, ok | ~replay, t_low
 
 

@@ -1,0 +1,272 @@
+"""The cost of a gradient on Robertson (issue 21, build item 3); prints Markdown.
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/gradient_cost.py [--rounds 30]
+        [--baseline /path/to/other/checkout] [--loops]
+
+dG/dp of G = ∫_0^4e10 y3 dt (`problems.robertson()`, rtol 1e-6, `Adjoint(atol=1e-8)`, as
+`small_peers.py`) against the forward solve (12 outputs) and pydiffsol's continuous
+adjoint. Reported per version (this tree, and with `--baseline` another checkout's
+`daeadjoint`, imported in the same process from a copy under another package name, so
+that both are timed in interleaved rounds):
+
+- wall and CPU ms (median and min over the rounds; CPU = this process's CPU time, all
+  threads: less disturbed by other jobs on a busy machine than wall time);
+- the recording forward alone (`jax.vjp` without its pullback) and the backward pass
+  (gradient − recording forward), the backward pass's replayed and adjoint attempts
+  (counted by wrapping `integrate` in the adjoint module), and the backward's µs per
+  adjoint attempt (all of the backward pass divided by its adjoint attempts);
+- `--loops`: every while loop of the compiled gradient with its thunks (operations the
+  CPU runtime executes per trip, nested loops excluded) and the largest buffer one of
+  them touches, nested loops included: XLA's CPU runtime runs a loop body sequentially
+  in the calling thread when that is at most 512 bytes (or the body has at most 8
+  thunks), else on its task-graph executor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(1, str(HERE))
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+import peers  # noqa: E402
+import problems  # noqa: E402
+
+PROB = problems.robertson()
+P = jnp.asarray(PROB.args, float)
+
+
+def load(name: str, tree: Path, tmp: Path):
+    """`tree/daeadjoint` imported as package `name` (its imports are relative)."""
+    shutil.copytree(tree / "daeadjoint", tmp / name)
+    if str(tmp) not in sys.path:
+        sys.path.insert(0, str(tmp))
+    return importlib.import_module(name)
+
+
+def programs(dae):
+    res = problems.jax_residual(PROB)
+    y0, atol, ts = jnp.asarray(PROB.y0), jnp.asarray(PROB.atol), jnp.asarray(PROB.ts)
+
+    def G(p):
+        sol = dae.solve(res, PROB.t0, PROB.t1, y0, PROB.yp0(p, problems.JAX), p,
+                        saveat=jnp.reshape(PROB.t1, (1,)), algebraic=PROB.algebraic,
+                        rtol=PROB.rtol, atol=atol, quadrature=lambda t, y, yp, p: y[2:3],
+                        max_steps=peers.MAX_STEPS, sensitivity=dae.Adjoint(atol=1e-8))
+        return sol.qs[-1, 0]
+
+    def F(p):
+        sol = dae.solve(res, PROB.t0, PROB.t1, y0, PROB.yp0(p, problems.JAX), p, saveat=ts,
+                        algebraic=PROB.algebraic, rtol=PROB.rtol, atol=atol,
+                        max_steps=peers.MAX_STEPS)
+        return sol.ys
+
+    return G, F
+
+
+def attempts(dae, G) -> dict:
+    """Attempts of the backward pass's integrations, by kind (replay / adjoint)."""
+    mod = importlib.import_module(dae.__name__ + "._derivatives.adjoint")
+    counts: collections.Counter = collections.Counter()
+    orig = mod.integrate
+
+    def counted(problem, state, *a, **k):
+        out = orig(problem, state, *a, **k)
+        kind = "adjoint" if isinstance(problem.linear_solver, mod.AdjointSolver) else "replay"
+        d = {key: out[0].stats[key] - state.stats[key] for key in
+             ("num_steps", "num_error_test_failures", "num_nonlinear_convergence_failures",
+              "num_nonlinear_iters", "num_jacobian_evals")}
+        jax.debug.callback(lambda d: counts.update(
+            {(kind, key): int(v) for key, v in d.items()}), d)
+        return out
+
+    mod.integrate = counted
+    try:
+        jax.block_until_ready(jax.jit(jax.grad(G))(P))
+        jax.effects_barrier()
+    finally:
+        mod.integrate = orig
+    out = {}
+    for kind in ("replay", "adjoint"):
+        c = {key: v for (k, key), v in counts.items() if k == kind}
+        out[kind] = dict(attempts=c.get("num_steps", 0) + c.get("num_error_test_failures", 0)
+                         + c.get("num_nonlinear_convergence_failures", 0),
+                         iterations=c.get("num_nonlinear_iters", 0),
+                         jacobians=c.get("num_jacobian_evals", 0))
+    return out
+
+
+# ------------------------------------------------------------------ loop executors
+_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "pred": 1, "s8": 1,
+          "u8": 1, "f16": 2, "bf16": 2, "s16": 2, "c128": 16, "c64": 8}
+_NO_THUNK = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
+             "opt-barrier"}
+_ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([0-9,]*)\]")
+
+
+def _sizes(shape: str) -> list[int]:
+    return [_BYTES[d] * int(np.prod([int(x) for x in s.split(",") if x] or [1]))
+            for d, s in _ARRAY.findall(shape)]
+
+
+def loop_table(hlo: str) -> list[tuple]:
+    """(depth, thunks, largest buffer touched, sequential) of every while loop."""
+    comps: dict = {}
+    cur = None
+    for line in hlo.splitlines():
+        m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+        if m and not line.startswith(" "):
+            cur = m.group(1)
+            comps[cur] = []
+            continue
+        m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (.*?) ([\w\-]+)\((.*)$", line) if cur else None
+        if m:
+            comps[cur].append(dict(name=m.group(1), shape=m.group(2), op=m.group(3),
+                                   rest=m.group(4)))
+    shapes = {c: {i["name"]: i["shape"] for i in ins} for c, ins in comps.items()}
+    memo: dict = {}
+
+    def called(i) -> list[str]:
+        names = re.findall(r"(?:body|condition|to_apply|true_computation|false_computation)"
+                           r"=%?([\w.\-]+)", i["rest"])
+        for b in re.findall(r"branch_computations=\{([^}]*)\}", i["rest"]):
+            names += [x.strip().lstrip("%") for x in b.split(",")]
+        return [x for x in names if x in comps]
+
+    def uses(c):
+        """(largest buffer touched, thunks) of computation c, nested control flow included
+        in the first (XLA's while/conditional thunks report their bodies' buffers)."""
+        if c in memo:
+            return memo[c]
+        memo[c] = (0, 0)
+        worst, thunks = 0, 0
+        for i in comps.get(c, []):
+            if i["op"] in _NO_THUNK:
+                continue
+            thunks += 1
+            if i["op"] in ("while", "conditional", "call"):
+                worst = max([worst] + [uses(x)[0] for x in called(i)])
+                continue
+            ops = re.findall(r"%([\w.\-]+)", i["rest"].split(")")[0])
+            worst = max([worst] + _sizes(i["shape"])
+                        + [b for o in ops for b in _sizes(shapes[c].get(o, ""))])
+        memo[c] = (worst, thunks)
+        return memo[c]
+
+    rows: list[tuple] = []
+
+    def walk(c, depth):
+        for i in comps.get(c, []):
+            if i["op"] == "while":
+                body = re.search(r"body=%?([\w.\-]+)", i["rest"]).group(1)
+                cond = re.search(r"condition=%?([\w.\-]+)", i["rest"]).group(1)
+                (wb, nb), (wc, _) = uses(body), uses(cond)
+                rows.append((depth, nb, max(wb, wc), max(wb, wc) <= 512 or nb <= 8))
+                walk(body, depth + 1)
+            elif i["op"] in ("conditional", "call"):
+                for x in called(i):
+                    walk(x, depth)
+
+    entry = next(line.split()[1].lstrip("%") for line in hlo.splitlines()
+                 if line.startswith("ENTRY"))
+    walk(entry, 0)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--baseline", type=Path, default=None)
+    ap.add_argument("--loops", action="store_true")
+    opt = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="gradient_cost_"))
+    trees = {"this tree": HERE.parent}
+    if opt.baseline is not None:
+        trees = {"baseline": opt.baseline, **trees}
+    fns, info = {}, {}
+    for k, (label, tree) in enumerate(trees.items()):
+        dae = load(f"_dae_version{k}", tree, tmp)
+        G, F = programs(dae)
+        f, g, r = jax.jit(F), jax.jit(jax.grad(G)), jax.jit(lambda p, G=G: jax.vjp(G, p)[0])
+        fns[(label, "forward")] = lambda f=f: jax.block_until_ready(f(P))
+        fns[(label, "gradient")] = lambda g=g: jax.block_until_ready(g(P))
+        fns[(label, "recording forward")] = lambda r=r: jax.block_until_ready(r(P))
+        info[label] = dict(grad=np.asarray(g(P)), counts=attempts(dae, G))
+        if opt.loops:
+            info[label]["loops"] = loop_table(jax.jit(jax.grad(G)).lower(P).compile().as_text())
+    try:
+        pg = peers.prepare_pydiffsol_gradient(PROB)
+        fns[("pydiffsol", "adjoint")] = lambda: pg.run(np.asarray(P))
+    except Exception as e:  # noqa: BLE001 - an absent peer must not stop the table
+        print(f"pydiffsol: {type(e).__name__}: {e}")
+    for fn in fns.values():
+        fn()
+    wall: dict = {k: [] for k in fns}
+    cpu: dict = {k: [] for k in fns}
+    load0 = os.getloadavg()
+    for _ in range(opt.rounds):
+        for key, fn in fns.items():
+            t, c = time.perf_counter(), time.process_time()
+            fn()
+            wall[key].append(time.perf_counter() - t)
+            cpu[key].append(time.process_time() - c)
+    load1 = os.getloadavg()
+    med = {k: 1e3 * statistics.median(v) for k, v in wall.items()}
+    cmed = {k: 1e3 * statistics.median(v) for k, v in cpu.items()}
+    print(f"{opt.rounds} interleaved rounds; load average before {load0[0]:.1f}, after "
+          f"{load1[0]:.1f}; jax {jax.__version__}\n")
+    print("| version | run | wall ms median (min) | CPU ms median (min) |")
+    print("|---|---|---|---|")
+    for key in fns:
+        print(f"| {key[0]} | {key[1]} | {med[key]:.2f} ({1e3 * min(wall[key]):.2f}) | "
+              f"{cmed[key]:.2f} ({1e3 * min(cpu[key]):.2f}) |")
+    print("\n| version | gradient ÷ forward, wall (CPU) | backward, CPU ms | replay attempts "
+          "| adjoint attempts (iterations, Jacobians) | backward µs per adjoint attempt, CPU |")
+    print("|---|---|---|---|---|---|")
+    for label in trees:
+        backward = cmed[(label, "gradient")] - cmed[(label, "recording forward")]
+        c = info[label]["counts"]
+        print(f"| {label} | {med[(label, 'gradient')] / med[(label, 'forward')]:.2f} "
+              f"({cmed[(label, 'gradient')] / cmed[(label, 'forward')]:.2f}) | {backward:.2f} | "
+              f"{c['replay']['attempts']} | {c['adjoint']['attempts']} "
+              f"({c['adjoint']['iterations']}, {c['adjoint']['jacobians']}) | "
+              f"{1e3 * backward / max(c['adjoint']['attempts'], 1):.1f} |")
+    if ("pydiffsol", "adjoint") in fns:
+        print(f"\npydiffsol adjoint ÷ this tree's gradient, wall: "
+              f"{med[('pydiffsol', 'adjoint')] / med[('this tree', 'gradient')]:.2f}, CPU: "
+              f"{cmed[('pydiffsol', 'adjoint')] / cmed[('this tree', 'gradient')]:.2f}")
+    for label in trees:
+        print(f"\ndG/dp ({label}): {info[label]['grad']!r}")
+    if opt.baseline is not None:
+        a, b = info["baseline"]["grad"], info["this tree"]["grad"]
+        print(f"bit-identical: {np.array_equal(a, b)}; max relative difference "
+              f"{np.max(np.abs(b / a - 1)):.2e}")
+    if opt.loops:
+        for label in trees:
+            print(f"\nWhile loops of the compiled gradient ({label}): depth, thunks, largest "
+                  "buffer touched (bytes), executor")
+            for depth, thunks, worst, seq in info[label]["loops"]:
+                print(f"{'  ' * depth}- {thunks} thunks, {worst} B, "
+                      f"{'sequential' if seq else 'task graph'}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
