@@ -1395,6 +1395,22 @@ class CheckpointRecorder(eqx.Module):
         return CheckpointRecorder(self.every, states, self.count + do.astype(jnp.int32))
 
 
+
+def hermite(t, ta, tb, ya, yb, ypa, ypb):
+    """The cubic Hermite interpolant on [ta, tb] with values ya, yb and derivatives
+    ypa, ypb: y(t) and y'(t), with x = (t − ta)/h, h = tb − ta and the basis
+    h00 = 2x³ − 3x² + 1, h10 = x³ − 2x² + x, h01 = −2x³ + 3x², h11 = x³ − x²
+    (y = h00 ya + h10 h ypa + h01 yb + h11 h ypb; y' its derivative in t)."""
+    h = tb - ta
+    x = (t - ta) / h
+    ma, mb = h * ypa, h * ypb
+    h00, h10, h01, h11 = (2 * x**3 - 3 * x**2 + 1, x**3 - 2 * x**2 + x,
+                          -2 * x**3 + 3 * x**2, x**3 - x**2)
+    d00, d10, d01, d11 = 6 * x**2 - 6 * x, 3 * x**2 - 4 * x + 1, -6 * x**2 + 6 * x, 3 * x**2 - 2 * x
+    y = h00 * ya + h10 * ma + h01 * yb + h11 * mb
+    yp = (d00 * ya + d10 * ma + d01 * yb + d11 * mb) / h
+    return y, yp
+
 class StepRecorder(eqx.Module):
     """Every accepted step of one segment, to evaluate the forward solution anywhere in
     it during the backward pass (for the adjoint's F_y, F_y' and F_p):
@@ -1471,16 +1487,8 @@ class StepRecorder(eqx.Module):
         if not self.hermite:
             c, d = interpolation_weights(t, self.t[i], self.psi[i - 1], self.k_used[i - 1])
             return interpolate(self.phi[i - 1], c, d)
-        ta, tb = self.t[i - 1], self.t[i]
-        h = tb - ta
-        x = (t - ta) / h
-        ya, yb, ma, mb = self.y[i - 1], self.y[i], h * self.yp[i - 1], h * self.yp[i]
-        h00, h10, h01, h11 = (2 * x**3 - 3 * x**2 + 1, x**3 - 2 * x**2 + x,
-                              -2 * x**3 + 3 * x**2, x**3 - x**2)
-        d00, d10, d01, d11 = 6 * x**2 - 6 * x, 3 * x**2 - 4 * x + 1, -6 * x**2 + 6 * x, 3 * x**2 - 2 * x
-        y = h00 * ya + h10 * ma + h01 * yb + h11 * mb
-        yp = (d00 * ya + d10 * ma + d01 * yb + d11 * mb) / h
-        return y, yp
+        return hermite(t, self.t[i - 1], self.t[i], self.y[i - 1], self.y[i],
+                       self.yp[i - 1], self.yp[i])
 
 
 def _write_step(rec, node_row, history_row, s: State, passed):

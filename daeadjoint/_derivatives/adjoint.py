@@ -66,8 +66,8 @@ from .._core import build_problem
 from .._events import observations
 from .._jax_internals import unvmap_any
 from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, State,
-                           StepRecorder, _write_slot, initial_state, initial_step, integrate,
-                           restore_linear_state, segment_capacity)
+                           StepRecorder, _write_slot, hermite, initial_state, initial_step,
+                           integrate, restore_linear_state, segment_capacity)
 from .._linalg.linear_solver import AbstractLinearSolver
 from .._newton import maybe_update, tree_where
 from .._results import RESULTS, runtime_errors_raise, succeeded
@@ -830,18 +830,11 @@ class _Nodes(eqx.Module):
         # number of nodes before t.
         i = sum(jnp.sum(x < t, dtype=jnp.int32) for x in self.t)
         i = jnp.clip(i, 1, jnp.maximum(self.count, 1))
-        ta, tb = self._row(self.t, self.rows_t, i - 1), self._row(self.t, self.rows_t, i)
-        h = tb - ta
-        x = (t - ta) / h
-        ya, yb = self._row(self.y, self.rows_y, i - 1), self._row(self.y, self.rows_y, i)
-        ma = h * self._row(self.yp, self.rows_y, i - 1)
-        mb = h * self._row(self.yp, self.rows_y, i)
-        h00, h10, h01, h11 = (2 * x**3 - 3 * x**2 + 1, x**3 - 2 * x**2 + x,
-                              -2 * x**3 + 3 * x**2, x**3 - x**2)
-        d00, d10, d01, d11 = 6 * x**2 - 6 * x, 3 * x**2 - 4 * x + 1, -6 * x**2 + 6 * x, 3 * x**2 - 2 * x
-        y = h00 * ya + h10 * ma + h01 * yb + h11 * mb
-        yp = (d00 * ya + d10 * ma + d01 * yb + d11 * mb) / h
-        return y, yp
+        return hermite(t, self._row(self.t, self.rows_t, i - 1),
+                       self._row(self.t, self.rows_t, i),
+                       self._row(self.y, self.rows_y, i - 1), self._row(self.y, self.rows_y, i),
+                       self._row(self.yp, self.rows_y, i - 1),
+                       self._row(self.yp, self.rows_y, i))
 
 
 def integrate_segment(bw: _Backward, c: _Sweep, max_steps: int) -> _Sweep:
