@@ -65,6 +65,27 @@ def measure(prep: Prepared, args: np.ndarray, repeats: int) -> dict:
     )
 
 
+def measure_interleaved(preps: dict[str, Prepared], args: np.ndarray, rounds: int) -> dict:
+    """``measure`` for several solvers at once, their calls interleaved: one warm-up call
+    each, then ``rounds`` rounds of one call of every solver in turn, so that a change of
+    the machine's load falls on all of them alike. Returns ``{name: measure's dict}``
+    (with ``wall_min_s`` besides the median)."""
+    first, outs, walls = {}, {}, {name: [] for name in preps}
+    for name, prep in preps.items():
+        first[name], outs[name] = _timed(prep.run, args)
+    for _ in range(rounds):
+        for name, prep in preps.items():
+            walls[name].append(_timed(prep.run, args)[0])
+    results = {}
+    for name, prep in preps.items():
+        median = statistics.median(walls[name])
+        ys, steps = prep.result(outs[name], args)
+        results[name] = dict(label=prep.label, wall_median_s=median, wall_min_s=min(walls[name]),
+                             compile_or_setup_s=prep.setup_s + max(first[name] - median, 0.0),
+                             steps=int(steps), ys=np.asarray(ys), y_final=np.asarray(ys)[-1])
+    return results
+
+
 def batch_sequential(prep: Prepared, args_batch: np.ndarray) -> dict:
     """Total wall time of solving every parameter set one after another (already warm)."""
     t = time.perf_counter()
@@ -332,3 +353,198 @@ def diffsol_jax_solve(prob: Problem) -> tuple[Callable, float]:
         return jnp.concatenate([y12, 1.0 - jnp.sum(y12, axis=1, keepdims=True)], axis=1), 0
 
     return solve, setup
+
+
+# --------------------------------------------------------------------------- sundials4py
+# SUNDIALS' official Python bindings (IDAS 7.9; Python >= 3.12 only, so imported where
+# used). The model is Python callbacks on numpy views of the N_Vectors, as a user of the
+# bindings writes it, with the exact dense Jacobian (as SUNDIALS' idasRoberts_dns):
+#     F1 = y1' + a,  F2 = y2' - a + p3 y2^2,  F3 = y1 + y2 + y3 - 1,  a = p1 y1 - p2 y2 y3.
+# IDAS's per-component atol and rtol as every other peer.
+class _Sundials4pyRobertson:
+    """One IDAS memory per call (built in microseconds), callbacks closed over ``p``."""
+
+    def __init__(self, prob: Problem):
+        _robertson_only(prob)
+        import sundials4py.core as core
+        import sundials4py.idas as idas
+
+        self.core, self.idas, self.prob = core, idas, prob
+        self.ctx = core.SUNContext_Create(0)[1]
+
+    def vector(self, values):
+        v = self.core.N_VNew_Serial(len(values), self.ctx)
+        self.core.N_VGetArrayPointer(v)[:] = values
+        return v
+
+    def callbacks(self, p):
+        arr, data = self.core.N_VGetArrayPointer, self.core.SUNDenseMatrix_Data
+        p1, p2, p3 = (float(x) for x in p)
+
+        def res(t, yv, ypv, rv, _):
+            y, yp, r = arr(yv), arr(ypv), arr(rv)
+            a = p1 * y[0] - p2 * y[1] * y[2]
+            r[0] = yp[0] + a
+            r[1] = yp[1] - a + p3 * y[1] * y[1]
+            r[2] = y[0] + y[1] + y[2] - 1.0
+            return 0
+
+        def jac(t, cj, yv, ypv, rv, J, _, t1, t2, t3):  # dF/dy + cj dF/dy'
+            y, A = arr(yv), data(J)
+            A[0, 0], A[0, 1], A[0, 2] = p1 + cj, -p2 * y[2], -p2 * y[1]
+            A[1, 0], A[1, 1], A[1, 2] = -p1, p2 * y[2] + 2 * p3 * y[1] + cj, p2 * y[1]
+            A[2, 0] = A[2, 1] = A[2, 2] = 1.0
+            return 0
+
+        return res, jac
+
+    def forward(self, p):
+        """An IDAS memory initialised at t0 with the consistent (y0, y0'), exact Jacobian."""
+        prob, idas, core = self.prob, self.idas, self.core
+        res, jac = self.callbacks(p)
+        y, yp = self.vector(prob.y0), self.vector(prob.yp0(p))
+        view = idas.IDACreate(self.ctx)
+        mem = view.get()
+        idas.IDAInit(mem, res, prob.t0, y, yp)
+        atol = self.vector(prob.atol)
+        idas.IDASVtolerances(mem, prob.rtol, atol)
+        A = core.SUNDenseMatrix(3, 3, self.ctx)
+        ls = core.SUNLinSol_Dense(y, A, self.ctx)
+        idas.IDASetLinearSolver(mem, ls, A)
+        idas.IDASetJacFn(mem, jac)
+        idas.IDASetMaxNumSteps(mem, MAX_STEPS)
+        # The callbacks, vectors and solver objects must outlive the solve.
+        return mem, y, yp, (view, res, jac, atol, A, ls)
+
+
+def prepare_sundials4py(prob: Problem) -> Prepared:
+    """IDAS through sundials4py: dense LU, exact Jacobian, Python residual; outputs at
+    ``prob.ts`` by IDA_NORMAL calls (IDAS's interpolation)."""
+    s = _Sundials4pyRobertson(prob)
+    idas, arr = s.idas, s.core.N_VGetArrayPointer
+
+    def run(args):
+        mem, y, yp, _keep = s.forward(np.asarray(args, float))
+        ys = []
+        for tout in prob.ts:
+            flag, _ = idas.IDASolve(mem, float(tout), y, yp, idas.IDA_NORMAL)
+            if flag < 0:
+                raise RuntimeError(f"sundials4py IDASolve failed: {idas.IDAGetReturnFlagName(flag)}")
+            ys.append(arr(y).copy())
+        return np.array(ys), idas.IDAGetNumSteps(mem)[1]
+
+    return Prepared("IDAS (sundials4py)", run, lambda out, args: out)
+
+
+def prepare_sundials4py_gradient(prob: Problem, adjoint_atol: float = 1e-8) -> Prepared:
+    """IDAS's adjoint (IDASolveF / IDASolveB, Hermite checkpoints every 100 steps) of
+    G = ∫_t0^t1 y3 dt -> (G, dG/dp), adjoint rtol the forward one and atol
+    ``adjoint_atol`` for λ and the quadratures (as daeadjoint's ``Adjoint(atol=...)``).
+
+    The adjoint DAE of F(t, y, y', p) = 0 with G = ∫ g dt (g = y3) is
+    (F_y'ᵀλ)' − F_yᵀλ + g_yᵀ = 0, F_y'ᵀλ(T) = 0, and dG/dp = −∫ λᵀF_p dt; with
+    F_y' = diag(1, 1, 0) and l21 = λ2 − λ1 it reads
+    λ1' + p1 l21 − λ3 = 0, λ2' − p2 y3 l21 − 2 p3 y2 λ2 − λ3 = 0, 1 − p2 y2 l21 − λ3 = 0,
+    λ(T) = (0, 0, 1), λ'(T) = (1, 1, 0) (SUNDIALS' idasRoberts_ASAi_dns); the backward
+    quadrature qB' = −λᵀF_p integrated from T to t0 gives qB(t0) = −dG/dp."""
+    s = _Sundials4pyRobertson(prob)
+    idas, core, arr, data = s.idas, s.core, s.core.N_VGetArrayPointer, s.core.SUNDenseMatrix_Data
+
+    def run(args):
+        p = np.asarray(args, float)
+        p1, p2, p3 = (float(x) for x in p)
+
+        def rhs_q(t, yv, ypv, qv, _):
+            arr(qv)[0] = arr(yv)[2]
+            return 0
+
+        def res_b(t, yv, ypv, lv, lpv, rv, _):
+            y, lam, lp, r = arr(yv), arr(lv), arr(lpv), arr(rv)
+            l21 = lam[1] - lam[0]
+            r[0] = lp[0] + p1 * l21 - lam[2]
+            r[1] = lp[1] - p2 * y[2] * l21 - 2.0 * p3 * y[1] * lam[1] - lam[2]
+            r[2] = 1.0 - p2 * y[1] * l21 - lam[2]
+            return 0
+
+        def jac_b(t, cj, yv, ypv, lv, lpv, rv, J, _, t1, t2, t3):  # d rB/dλ + cj d rB/dλ'
+            y, A = arr(yv), data(J)
+            A[0, 0], A[0, 1], A[0, 2] = cj - p1, p1, -1.0
+            A[1, 0], A[1, 1], A[1, 2] = p2 * y[2], cj - p2 * y[2] - 2.0 * p3 * y[1], -1.0
+            A[2, 0], A[2, 1], A[2, 2] = p2 * y[1], -p2 * y[1], -1.0
+            return 0
+
+        def rhs_qb(t, yv, ypv, lv, lpv, qv, _):  # −λᵀF_p... integrated backward (above)
+            y, lam, q = arr(yv), arr(lv), arr(qv)
+            l21 = lam[1] - lam[0]
+            q[0], q[1], q[2] = y[0] * l21, -y[2] * y[1] * l21, -y[1] * y[1] * lam[1]
+            return 0
+
+        mem, y, yp, _keep = s.forward(p)
+        q = s.vector([0.0])
+        idas.IDAQuadInit(mem, rhs_q, q)
+        idas.IDAAdjInit(mem, 100, idas.IDA_HERMITE)
+        flag = idas.IDASolveF(mem, float(prob.t1), y, yp, idas.IDA_NORMAL)[0]
+        if flag < 0:
+            raise RuntimeError(f"sundials4py IDASolveF failed: {idas.IDAGetReturnFlagName(flag)}")
+        idas.IDAGetQuad(mem, q)
+        which = idas.IDACreateB(mem)[1]
+        yb, ypb, qb = s.vector([0.0, 0.0, 1.0]), s.vector([1.0, 1.0, 0.0]), s.vector([0.0] * 3)
+        idas.IDAInitB(mem, which, res_b, float(prob.t1), yb, ypb)
+        atol_b = s.vector([adjoint_atol] * 3)
+        idas.IDASVtolerancesB(mem, which, prob.rtol, atol_b)
+        A = core.SUNDenseMatrix(3, 3, s.ctx)
+        ls = core.SUNLinSol_Dense(yb, A, s.ctx)
+        idas.IDASetLinearSolverB(mem, which, ls, A)
+        idas.IDASetJacFnB(mem, which, jac_b)
+        idas.IDASetMaxNumStepsB(mem, which, MAX_STEPS)
+        idas.IDAQuadInitB(mem, which, rhs_qb, qb)
+        idas.IDAQuadSStolerancesB(mem, which, prob.rtol, adjoint_atol)
+        idas.IDASetQuadErrConB(mem, which, 1)
+        flag = idas.IDASolveB(mem, float(prob.t0), idas.IDA_NORMAL)
+        if flag < 0:
+            raise RuntimeError(f"sundials4py IDASolveB failed: {idas.IDAGetReturnFlagName(flag)}")
+        idas.IDAGetB(mem, which, yb, ypb)
+        idas.IDAGetQuadB(mem, which, qb)
+        return arr(q)[0], -arr(qb).copy()
+
+    return Prepared("IDAS adjoint (sundials4py)", run,
+                    lambda out, args: (np.asarray(out[1])[None], 0))
+
+
+def prepare_sundials4py_fsa(prob: Problem) -> Prepared:
+    """IDAS's forward sensitivities (simultaneous corrector, exact sensitivity residual
+    F_y s + F_y' s' + F_p, sensitivities in the error test with the states' atol) ->
+    d y(t1)/dp, shape (3 parameters, 3 components). s(t0) = 0 (y0 does not depend on
+    p) and s'(t0) = d y'(t0)/dp = (−1, 1, 0), (0, 0, 0), (0, 0, 0) from y'0 = (−p1, p1, 0)."""
+    s = _Sundials4pyRobertson(prob)
+    idas, arr = s.idas, s.core.N_VGetArrayPointer
+
+    def run(args):
+        p = np.asarray(args, float)
+        p1, p2, p3 = (float(x) for x in p)
+
+        def res_s(ns, t, yv, ypv, rv, ysv, ypsv, rsv, _, t1, t2, t3):
+            y = arr(yv)
+            for i in range(3):
+                sv, spv, r = arr(ysv[i]), arr(ypsv[i]), arr(rsv[i])
+                da = p1 * sv[0] - p2 * (sv[1] * y[2] + y[1] * sv[2])
+                da += (y[0], -y[1] * y[2], 0.0)[i]  # ∂a/∂p_i
+                r[0] = spv[0] + da
+                r[1] = spv[1] - da + 2.0 * p3 * y[1] * sv[1] + (0.0, 0.0, y[1] * y[1])[i]
+                r[2] = sv[0] + sv[1] + sv[2]
+            return 0
+
+        mem, y, yp, _keep = s.forward(p)
+        ys0 = [s.vector([0.0] * 3) for _ in range(3)]
+        yps0 = [s.vector([-1.0, 1.0, 0.0]), s.vector([0.0] * 3), s.vector([0.0] * 3)]
+        idas.IDASensInit(mem, 3, idas.IDA_SIMULTANEOUS, res_s, ys0, yps0)
+        atol_s = [s.vector(prob.atol) for _ in range(3)]
+        idas.IDASensSVtolerances(mem, prob.rtol, atol_s)
+        idas.IDASetSensErrCon(mem, 1)
+        flag = idas.IDASolve(mem, float(prob.t1), y, yp, idas.IDA_NORMAL)[0]
+        if flag < 0:
+            raise RuntimeError(f"sundials4py IDASolve (FSA) failed: {idas.IDAGetReturnFlagName(flag)}")
+        idas.IDAGetSens(mem, ys0)
+        return np.stack([arr(v).copy() for v in ys0])
+
+    return Prepared("IDAS FSA (sundials4py)", run, lambda out, args: (np.asarray(out), 0))
