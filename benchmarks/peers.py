@@ -87,13 +87,24 @@ def measure_interleaved(preps: dict[str, Prepared], args: np.ndarray, rounds: in
 
 
 def batch_sequential(prep: Prepared, args_batch: np.ndarray) -> dict:
-    """Total wall time of solving every parameter set one after another (already warm)."""
+    """Total wall time of solving every parameter set one after another (already warm).
+    A member whose solve raises counts in the time and in ``failed``; its row is NaN."""
+
+    def attempt(a):
+        try:
+            return prep.run(a)
+        except Exception:  # noqa: BLE001 - a peer's failure on one member is a result
+            return None
+
     t = time.perf_counter()
-    outs = [prep.run(a) for a in args_batch]
+    outs = [attempt(a) for a in args_batch]
     total = time.perf_counter() - t
-    finals = np.stack([prep.result(o, a)[0][-1] for o, a in zip(outs, args_batch)])
+    good = next(o for o in outs if o is not None)
+    width = np.shape(prep.result(good, args_batch[0])[0][-1])
+    finals = np.stack([np.full(width, np.nan) if o is None else prep.result(o, a)[0][-1]
+                       for o, a in zip(outs, args_batch)])
     return dict(label=prep.label + " sequential", total_s=total, compile_or_setup_s=prep.setup_s,
-                y_final=finals)
+                y_final=finals, failed=sum(o is None for o in outs))
 
 
 def batch_vmap(label: str, solve: Callable, args_batch: np.ndarray, repeats: int = 1,

@@ -186,6 +186,10 @@ def main():
             return "n/a (" + d["error"] + ")"
         return format(d[key] * scale, spec)
 
+    def per_member(d):
+        text = cell(d, "total_s", 1e3 / nb, ".3f")
+        return text + (f" ({d['failed']} failed)" if d and d.get("failed") else "")
+
     def timing(d, scale=1e3):
         if d is None or "error" in d:
             return cell(d, "wall_median_s", scale, ".2f")
@@ -213,9 +217,9 @@ def main():
         (timing(sens.get(n)) + " grad, " + timing(jf) + " jacfwd") if n == "daeadjoint"
         else timing(sens.get(n)) for n in names) + " |")
     print(f"| batch of {nb}, forward, ms per member | " + " | ".join(
-        cell(batch.get(n), "total_s", 1e3 / nb, ".3f") for n in names) + " |")
+        per_member(batch.get(n)) for n in names) + " |")
     print(f"| batch of {nb}, gradient, ms per member | " + " | ".join(
-        cell(bgrad.get(n), "total_s", 1e3 / nb, ".3f") for n in names) + " |")
+        per_member(bgrad.get(n)) for n in names) + " |")
     print("| first call (compile/build), forward, s | " + " | ".join(
         cell(fwd.get(n), "compile_or_setup_s", 1, ".2f") for n in names) + " |")
     print("| first call, gradient, s | " + " | ".join(
