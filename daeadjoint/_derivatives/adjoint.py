@@ -434,9 +434,11 @@ def adjoint_problem(terms: _Terms, linear_solver, n, k, equations, buf, w, p, rt
 def _m_solve(terms, solver, split, t, y, yp, p, rhs):
     """(ν, singular): M νᵢ = rhsᵢ (k, n), M the transposed consistency matrix, and
     whether M is singular (the DAE is not index 1 in its algebraic variables at t: no
-    consistent adjoint values exist, and ν is not finite)."""
+    consistent adjoint values exist, and ν is not finite). Not differentiable: JAX never
+    differentiates the backward pass (its derivatives are the augmented DAE's,
+    `autodiff.py`), so the solve skips `custom_linear_solve`'s matrix–vector products."""
     return consistency_solve(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
-                             t, y, yp, p, split, rhs, transpose=True)
+                             t, y, yp, p, split, rhs, transpose=True, differentiable=False)
 
 
 def jump(terms: _Terms, linear_solver, split, t, y, yp, mu, yb, ypb, p):
@@ -508,10 +510,11 @@ def restart_values(terms: _Terms, linear_solver, split, t, mu, w, y, yp, p):
 
 
 def _hidden_solve_t(terms, solver, split, rows, t, y, yp, p, rhs):
-    """(x, singular): C_hᵀ xᵢ = rhsᵢ (k, n) at (t, y, y')."""
+    """(x, singular): C_hᵀ xᵢ = rhsᵢ (k, n) at (t, y, y'). Not differentiable, as
+    `_m_solve`."""
     from .._index2 import hidden_residual
     return consistency_solve(solver, hidden_residual(terms.F, rows), t, y, yp, p, split,
-                             rhs, transpose=True)
+                             rhs, transpose=True, differentiable=False)
 
 
 def index2_jump(terms, solver, split, rows, t, y, yp, mu, yb, ypb, p):
@@ -1098,7 +1101,8 @@ def initial_value_cotangents(config, terms, solver, split, t0, y, yp, mu, pbar, 
     if config.init == "y":
         # y0 solves F(t0, y0, y'0, p) = 0 given y'0: δy0 = −F_y⁻¹(F_y' δy'0 + F_p δp).
         z, _ = consistency_solve(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
-                                 t0, y, yp, p, jnp.ones_like(split.mask), mu, transpose=True)
+                                 t0, y, yp, p, jnp.ones_like(split.mask), mu, transpose=True,
+                                 differentiable=False)
         _, fyp_z, fp_z = terms.f_transpose(t0, y, yp, p, z)
         return jnp.zeros_like(mu), -fyp_z, pbar - fp_z
     # The algebraic part of y0 and all of y'0 are determined by the differential part.
