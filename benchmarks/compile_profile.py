@@ -31,7 +31,8 @@ of `derivatives.py` part b. For each program:
 `--cache` also runs each program in a second pair of processes with JAX's persistent
 compilation cache on (`jax_compilation_cache_dir` in a fresh temporary directory,
 `jax_persistent_cache_min_compile_time_secs` 0, `EQX_ON_ERROR=nan`, see
-docs/performance.md): the first fills the cache, the second's first call is timed, and
+docs/performance.md): the first fills the cache, the second's first call is timed (split
+into tracing, lowering, XLA or the cache's read, and the run), and
 the number of programs the second one compiled is counted (`jax_log_compiles`; zero means
 every program came from the cache).
 
@@ -258,10 +259,20 @@ def child(program: str, tree: str, out: str, cache: str | None, lower_only: bool
 
         jax.monitoring.register_event_duration_secs_listener(listen)
         jax.monitoring.register_event_listener(hit)
-        t = time.perf_counter()
-        jax.block_until_ready(jax.jit(fn)(x))
-        r.update(first_call=time.perf_counter() - t, programs=events["compiles"],
-                 compiled=events["compiles"] - events["hits"], hits=events["hits"])
+        # The first call in its steps (what `jax.jit(fn)(x)` does): tracing and lowering,
+        # which every process repeats; XLA's compile or the cache's read; the run.
+        t0 = time.perf_counter()
+        traced_fn = jax.jit(fn).trace(x)
+        t1 = time.perf_counter()
+        lowered = traced_fn.lower()
+        t2 = time.perf_counter()
+        compiled = lowered.compile()
+        t3 = time.perf_counter()
+        jax.block_until_ready(compiled(x))
+        t4 = time.perf_counter()
+        r.update(first_call=t4 - t0, trace=t1 - t0, lower=t2 - t1, load=t3 - t2, run=t4 - t3,
+                 programs=events["compiles"], compiled=events["compiles"] - events["hits"],
+                 hits=events["hits"])
         Path(out).write_text(json.dumps(r))
         return
     # How often JAX batched a jaxpr (`vmap` of a loop body or a primitive's rules: each
@@ -466,8 +477,9 @@ def main():
         return
     print("\nPersistent compilation cache: first call of a process that fills it and of a "
           "second one that reads it (s), and the programs the second one compiled\n")
-    print("| program | first process | second process | programs XLA compiled / read from the cache in the second |")
-    print("|---|---|---|---|")
+    print("| program | first process | second process | of which trace | lower | XLA or "
+          "cache read | run | programs XLA compiled / read from the cache in the second |")
+    print("|---|---|---|---|---|---|---|---|")
     for prog in progs:
         with tempfile.TemporaryDirectory() as cache:
             r1 = run_child(prog, a.tree, cache=cache)
@@ -475,7 +487,8 @@ def main():
         if "error" in r1 or "error" in r2:
             print(f"| {prog} | error: {r1.get('error') or r2.get('error')} |")
             continue
-        print(f"| {prog} | {r1['first_call']:.2f} | {r2['first_call']:.2f} | "
+        print(f"| {prog} | {r1['first_call']:.2f} | {r2['first_call']:.2f} | {r2['trace']:.2f} | "
+              f"{r2['lower']:.2f} | {r2['load']:.2f} | {r2['run']:.3f} | "
               f"{r2['compiled']} / {r2['hits']} |", flush=True)
 
 
