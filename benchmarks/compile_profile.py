@@ -45,13 +45,15 @@ depend on the machine's load.
 `--census` compiles each program once more with the solver's pieces labelled (each
 wrapped in a `jax.named_scope` by this script, which changes the program's metadata
 only) and counts the optimized program's kernels (`fusion`s), thunks (the instructions
-of the non-fused computations that run: all but parameters, constants, tuples,
-get-tuple-elements and bitcasts) and HLO instructions (fused bodies included) by phase.
-An instruction's phase is the path of labels in its `op_name` (a fusion's is its root's):
-the outermost (`forward`, `tangent`, `backward`, ...) then the innermost of the backward
-pass's pieces (`replay`, `adjoint_steps`, `restart`, `at_t0`, `fallback` ...) and the
-innermost of the shared ones (`newton`, `jac_setup`, `consistency`, `outputs`). The
-labels are listed in `CENSUS`.
+of the computations that are not fused bodies nor the scalar functions of reductions,
+scatters and sorts: all but parameters, constants, tuples, get-tuple-elements and
+bitcasts; the copies XLA inserts into loops among them) and HLO instructions (fused
+bodies included) by phase. An instruction's phase is the path of labels in its
+`op_name` (a fusion's is its root's): the outermost (`forward`, `tangent`, `backward`,
+...) then the innermost of the backward pass's pieces (`replay`, `adjoint_steps`,
+`restart`, `at_t0`, `fallback` ...) and the innermost of the shared ones (`newton`,
+`jac_setup`, `consistency`, `outputs`); "(other)" is what carries no label (XLA's
+copies, the code around the solve). The labels are listed in `CENSUS`.
 
 `--tree PATH` runs the same measurements on the daeadjoint of another checkout (e.g.
 `git archive main | tar -x -C /tmp/old`), so that two versions can be compared with one
@@ -141,7 +143,10 @@ def label_pieces():
 def census(text: str) -> dict:
     """{phase: [kernels, thunks, HLO instructions]} of an optimized HLO module's text."""
     free = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
+    # Computations that run inside one thunk: fused bodies, and the scalar functions
+    # of reductions, scatters and sorts.
     fused = set(re.findall(r"kind=k\w+, calls=(%[\w.\-]+)", text))
+    fused |= set(re.findall(r"(?:to_apply|comparator)=(%[\w.\-]+)", text))
     out: dict = {}
     in_fused = False
     for ln in text.splitlines():
