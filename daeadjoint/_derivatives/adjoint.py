@@ -64,7 +64,7 @@ from jaxtyping import Array, Bool, Float, Int
 from .._consistency import Split, consistency_solve, split_at
 from .._core import build_problem
 from .._events import observations
-from .._jax_internals import unvmap_any
+from .._jax_internals import is_batched, unvmap_any
 from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, State,
                            StepRecorder, _write_slot, hermite, initial_state, initial_step,
                            integrate, restore_linear_state, segment_capacity)
@@ -642,6 +642,8 @@ class _Backward(eqx.Module):
     k: int = eqx.field(static=True)
     # The index-2 constraints (= variables) of a Hessenberg index-2 DAE (`Config.index2`).
     index2: tuple = eqx.field(static=True, default=())
+    # The forward steps are a batch's (`vmap`): every member has its own (`_Nodes.of`).
+    batched: bool = eqx.field(static=True, default=False)
 
     def index2_mask(self):
         return None if not self.index2 else jnp.zeros((self.n,), bool).at[
@@ -802,7 +804,11 @@ class _Nodes(eqx.Module):
         """The split view of `buf`, or `buf` itself where splitting cannot keep the
         reads small (one row of y over the size: large n, whose step loop is not
         sequential anyway) or is not needed (the whole buffer is small), or for the
-        BDF interpolant (`interpolation="bdf"`, whose history rows are 6n values)."""
+        BDF interpolant (`interpolation="bdf"`, whose history rows are 6n values).
+        Not used for a batch's steps (`integrate_segment`): each piece then holds every
+        member's rows, over the size for all but tiny batches, and each of its reads is
+        a gather of its own (a kernel XLA compiles; 56 of them in the Jacobian setups
+        alone of Robertson's `vmap(grad)`)."""
         item = buf.y.dtype.itemsize
         rows, n = buf.y.shape
         rows_t = SEQUENTIAL_BUFFER_BYTES // item
@@ -853,7 +859,8 @@ def integrate_segment(bw: _Backward, c: _Sweep, max_steps: int) -> _Sweep:
         c = rebase(observe(bw, c))
         t_next = bw.next_time(c.t_low, c.obs, c.t_cur)
         t_r = c.t_r
-        adj, _, _, _ = integrate(bw.problem(_Nodes.of(c.buf), c.w, t_r, t_next, c.equations),
+        nodes = c.buf if bw.batched else _Nodes.of(c.buf)
+        adj, _, _, _ = integrate(bw.problem(nodes, c.w, t_r, t_next, c.equations),
                                  c.adj, empty, t_r - t_next, max_steps)
         ok = c.ok & (adj.result == RESULTS.successful)
         # After a singular restart (c.ok already false) the attempt's result is dropped.
@@ -937,7 +944,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         algebraic=inputs.algebraic, auto_split=config.auto_split, ts=ts,
         breakpoints=inputs.breakpoints,
         ybar=yd_bar[:, :, 0], ypbar=yd_bar[:, :, 1],
-        qbar=qbar, n=n, k=k, index2=config.index2,
+        qbar=qbar, n=n, k=k, index2=config.index2, batched=is_batched(rec),
         rtol=jnp.asarray(inputs.rtol if adjoint.rtol is None else adjoint.rtol, dtype),
         atol=jnp.asarray(jnp.max(inputs.atol) if adjoint.atol is None else adjoint.atol, dtype))
 
