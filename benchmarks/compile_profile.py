@@ -6,6 +6,7 @@
     python benchmarks/compile_profile.py --cache                            # + a second process
     python benchmarks/compile_profile.py --tree /tmp/old                    # another checkout
     python benchmarks/compile_profile.py --lower-only --programs vmap_grad  # JAX's part only
+    python benchmarks/compile_profile.py --census --programs grad           # kernels by phase
 
 Every program is compiled in a fresh Python process (nothing cached in memory or on
 disk), as a user's first call: Robertson (`problems.robertson()`, 0 … 4e10, 12 outputs,
@@ -30,7 +31,8 @@ of `derivatives.py` part b. For each program:
 `--cache` also runs each program in a second pair of processes with JAX's persistent
 compilation cache on (`jax_compilation_cache_dir` in a fresh temporary directory,
 `jax_persistent_cache_min_compile_time_secs` 0, `EQX_ON_ERROR=nan`, see
-docs/performance.md): the first fills the cache, the second's first call is timed, and
+docs/performance.md): the first fills the cache, the second's first call is timed (split
+into tracing, lowering, XLA or the cache's read, and the run), and
 the number of programs the second one compiled is counted (`jax_log_compiles`; zero means
 every program came from the cache).
 
@@ -39,6 +41,19 @@ seconds, how many jaxprs JAX batched (misses of its cache of batched jaxprs: eac
 more batching of a loop body, a branch or a primitive's rules under `vmap`) and how many
 times a while loop's batching rule ran, in tracing and in lowering: the counts do not
 depend on the machine's load.
+
+`--census` compiles each program once more with the solver's pieces labelled (each
+wrapped in a `jax.named_scope` by this script, which changes the program's metadata
+only) and counts the optimized program's kernels (`fusion`s), thunks (the instructions
+of the computations that are not fused bodies nor the scalar functions of reductions,
+scatters and sorts: all but parameters, constants, tuples, get-tuple-elements and
+bitcasts; the copies XLA inserts into loops among them) and HLO instructions (fused
+bodies included) by phase. An instruction's phase is the path of labels in its
+`op_name` (a fusion's is its root's): the outermost (`forward`, `tangent`, `backward`,
+...) then the innermost of the backward pass's pieces (`replay`, `adjoint_steps`,
+`restart`, `at_t0`, `fallback` ...) and the innermost of the shared ones (`newton`,
+`jac_setup`, `consistency`, `outputs`); "(other)" is what carries no label (XLA's
+copies, the code around the solve). The labels are listed in `CENSUS`.
 
 `--tree PATH` runs the same measurements on the daeadjoint of another checkout (e.g.
 `git archive main | tar -x -C /tmp/old`), so that two versions can be compared with one
@@ -64,9 +79,100 @@ PROGRAMS = ["forward", "grad", "grad_nofallback", "jacfwd", "vmap", "vmap_grad"]
 SLOW = ["hessian"]
 BATCH = 16
 
+# --census: (module, function or Class.method, label). Outer phases, then the backward
+# pass's pieces, then pieces shared by several phases. A label path is reported as
+# "outer > piece > shared" (the innermost of each group).
+CENSUS = [
+    ("daeadjoint._core", "run_forward", "forward"),
+    ("daeadjoint._core", "run_tangent", "tangent"),
+    ("daeadjoint._consistency", "consistent_values", "init"),
+    ("daeadjoint._consistency", "initial_sensitivities", "init"),
+    ("daeadjoint._derivatives.adjoint", "backward", "backward"),
+    ("daeadjoint._derivatives.discrete_adjoint", "discrete_backward", "backward"),
+    ("daeadjoint._derivatives.adjoint", "replay_segment", "replay"),
+    ("daeadjoint._derivatives.adjoint", "integrate_segment", "adjoint_steps"),
+    ("daeadjoint._derivatives.adjoint", "observe", "restart"),
+    ("daeadjoint._derivatives.adjoint", "at_t0", "at_t0"),
+    ("daeadjoint._derivatives.adjoint", "singular_at_t0", "at_t0_check"),
+    ("daeadjoint._events", "observations", "observations"),
+    ("daeadjoint._derivatives.discrete_adjoint", "sweep_setup", "fallback"),
+    ("daeadjoint._derivatives.discrete_adjoint", "replayed_steps", "fallback"),
+    ("daeadjoint._derivatives.discrete_adjoint", "discrete_segment", "fallback"),
+    ("daeadjoint._derivatives.discrete_adjoint", "initial_value_tangents", "fallback"),
+    ("daeadjoint._derivatives.discrete_adjoint", "zero_bars", "fallback"),
+    ("daeadjoint._newton", "newton_solve", "newton"),
+    ("daeadjoint._newton", "setup_linear", "jac_setup"),
+    ("daeadjoint._consistency", "consistency_solve", "consistency"),
+    ("daeadjoint._consistency", "split_at", "consistency"),
+    ("daeadjoint._integrator", "write_outputs", "outputs"),
+    ("daeadjoint._integrator", "write_output_rows", "outputs"),
+]
+OUTER = ["forward", "tangent", "init", "backward"]
+PIECES = ["replay", "adjoint_steps", "restart", "at_t0", "at_t0_check", "observations",
+          "fallback"]
+
+
+def label_pieces():
+    """Wrap each function of CENSUS in a `jax.named_scope` of its label, wherever the
+    package refers to it (modules that imported it by name included)."""
+    import functools
+    import importlib
+
+    import jax
+
+    for mod_name, name, label in CENSUS:
+        mod = importlib.import_module(mod_name)
+        cls, _, meth = name.rpartition(".")
+        owner = getattr(mod, cls) if cls else mod
+        f = getattr(owner, meth)
+
+        def scoped(*a, _f=f, _label=label, **kw):
+            with jax.named_scope(f"DAE_{_label}"):
+                return _f(*a, **kw)
+
+        functools.update_wrapper(scoped, f)
+        for m in list(sys.modules.values()):
+            if getattr(m, "__name__", "").startswith("daeadjoint"):
+                for k, v in list(vars(m).items()):
+                    if v is f:
+                        setattr(m, k, scoped)
+        if cls:
+            setattr(owner, meth, scoped)
+
+
+def census(text: str) -> dict:
+    """{phase: [kernels, thunks, HLO instructions]} of an optimized HLO module's text."""
+    free = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
+    # Computations that run inside one thunk: fused bodies, and the scalar functions
+    # of reductions, scatters and sorts.
+    fused = set(re.findall(r"kind=k\w+, calls=(%[\w.\-]+)", text))
+    fused |= set(re.findall(r"(?:to_apply|comparator)=(%[\w.\-]+)", text))
+    out: dict = {}
+    in_fused = False
+    for ln in text.splitlines():
+        head = re.match(r"^(ENTRY )?(%[\w.\-]+) .*\{$", ln)
+        if head:
+            in_fused = head[2] in fused
+            continue
+        m = re.match(r"\s*(ROOT )?%\S+ = .*?([a-z][a-z0-9\-]*)\(", ln)
+        if not m or m[2] in free:
+            continue
+        name = re.search(r'op_name="([^"]*)"', ln)
+        labels = re.findall(r"DAE_(\w+)", name[1]) if name else []
+        outer = [x for x in labels if x in OUTER]
+        piece = [x for x in labels if x in PIECES]
+        shared = [x for x in labels if x not in OUTER and x not in PIECES]
+        key = " > ".join([outer[0] if outer else "(other)"] + piece[-1:] + shared[-1:])
+        row = out.setdefault(key, [0, 0, 0])
+        row[0] += m[2] == "fusion"
+        row[1] += not in_fused
+        row[2] += 1
+    return out
+
 
 # ------------------------------------------------------------------- the child process
-def child(program: str, tree: str, out: str, cache: str | None, lower_only: bool = False):
+def child(program: str, tree: str, out: str, cache: str | None, lower_only: bool = False,
+          census_run: bool = False):
     sys.path.insert(0, tree)                     # the daeadjoint to measure
     sys.path.insert(1, str(HERE))                # problems.py
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -82,6 +188,9 @@ def child(program: str, tree: str, out: str, cache: str | None, lower_only: bool
     t_import = time.perf_counter()
     import daeadjoint as dae
     import problems
+
+    if census_run:
+        label_pieces()
 
     prob = problems.robertson()
     res_user = problems.jax_residual(prob)
@@ -155,10 +264,20 @@ def child(program: str, tree: str, out: str, cache: str | None, lower_only: bool
 
         jax.monitoring.register_event_duration_secs_listener(listen)
         jax.monitoring.register_event_listener(hit)
-        t = time.perf_counter()
-        jax.block_until_ready(jax.jit(fn)(x))
-        r.update(first_call=time.perf_counter() - t, programs=events["compiles"],
-                 compiled=events["compiles"] - events["hits"], hits=events["hits"])
+        # The first call in its steps (what `jax.jit(fn)(x)` does): tracing and lowering,
+        # which every process repeats; XLA's compile or the cache's read; the run.
+        t0 = time.perf_counter()
+        traced_fn = jax.jit(fn).trace(x)
+        t1 = time.perf_counter()
+        lowered = traced_fn.lower()
+        t2 = time.perf_counter()
+        compiled = lowered.compile()
+        t3 = time.perf_counter()
+        jax.block_until_ready(compiled(x))
+        t4 = time.perf_counter()
+        r.update(first_call=t4 - t0, trace=t1 - t0, lower=t2 - t1, load=t3 - t2, run=t4 - t3,
+                 programs=events["compiles"], compiled=events["compiles"] - events["hits"],
+                 hits=events["hits"])
         Path(out).write_text(json.dumps(r))
         return
     # How often JAX batched a jaxpr (`vmap` of a loop body or a primitive's rules: each
@@ -188,6 +307,11 @@ def child(program: str, tree: str, out: str, cache: str | None, lower_only: bool
         r.update(trace=t1 - t0, lower=t2 - t1, residual_traces=traced[0],
                  stablehlo=len(re.findall(r"^\s*(%\S+ = )?\"?(stablehlo|func|chlo)\.",
                                           lowered.as_text(), re.M)))
+        Path(out).write_text(json.dumps(r))
+        return
+    if census_run:
+        compiled = lowered.compile()
+        r.update(census=census(compiled.as_text()))
         Path(out).write_text(json.dumps(r))
         return
     print("@@XLA-START", flush=True)
@@ -259,7 +383,8 @@ def xla_phases(log: str) -> dict:
     return out
 
 
-def run_child(program, tree, cache=None, env_extra=None, lower_only=False) -> dict:
+def run_child(program, tree, cache=None, env_extra=None, lower_only=False,
+              census_run=False) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **(env_extra or {}))
@@ -273,11 +398,13 @@ def run_child(program, tree, cache=None, env_extra=None, lower_only=False) -> di
             cmd += ["--cache-dir", cache]
         if lower_only:
             cmd += ["--lower-only"]
+        if census_run:
+            cmd += ["--census"]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if p.returncode != 0 or not os.path.exists(out):
             return dict(program=program, error=p.stderr.strip().splitlines()[-1:])
         r = json.loads(Path(out).read_text())
-        if cache is None and not lower_only:
+        if cache is None and not lower_only and not census_run:
             r.update(xla_phases(p.stderr))
         return r
 
@@ -292,18 +419,36 @@ def main():
     ap.add_argument("--repeats", type=int, default=1, help="fresh processes per program")
     ap.add_argument("--lower-only", action="store_true",
                     help="trace and lower only (no XLA): seconds and batch_jaxpr counts")
+    ap.add_argument("--census", action="store_true",
+                    help="kernels, thunks and HLO instructions by phase of the solver")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--cache-dir", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        return child(a.child, a.tree, a.out, a.cache_dir, a.lower_only)
+        return child(a.child, a.tree, a.out, a.cache_dir, a.lower_only, a.census)
     progs = a.programs or (PROGRAMS + (SLOW if a.hessian else []))
     print(f"# Compile profile — {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC\n")
     import jax
     print(f"{platform.machine()} {os.cpu_count()} CPUs, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; jax {jax.__version__}; "
           f"daeadjoint from {a.tree}\n")
+    if a.census:
+        for prog in progs:
+            r = run_child(prog, a.tree, census_run=True)
+            if "error" in r:
+                print(f"| {prog} | error: {r['error']} |")
+                continue
+            rows = sorted(r["census"].items(), key=lambda kv: -kv[1][0])
+            total = [sum(v[j] for _, v in rows) for j in range(3)]
+            print(f"\n{prog}: kernels, thunks and HLO instructions by phase "
+                  "(outer > backward piece > shared piece)\n")
+            print("| phase | kernels | thunks | HLO instr. |")
+            print("|---|---|---|---|")
+            for key, (kern, thunks, instr) in rows:
+                print(f"| {key} | {kern} | {thunks} | {instr} |")
+            print(f"| **total** | {total[0]} | {total[1]} | {total[2]} |", flush=True)
+        return
     if a.lower_only:
         print("| program | trace s | lower s | bodies batched: trace / lower | while "
               "batching rules: trace / lower | StableHLO | residual traced |")
@@ -337,8 +482,9 @@ def main():
         return
     print("\nPersistent compilation cache: first call of a process that fills it and of a "
           "second one that reads it (s), and the programs the second one compiled\n")
-    print("| program | first process | second process | programs XLA compiled / read from the cache in the second |")
-    print("|---|---|---|---|")
+    print("| program | first process | second process | of which trace | lower | XLA or "
+          "cache read | run | programs XLA compiled / read from the cache in the second |")
+    print("|---|---|---|---|---|---|---|---|")
     for prog in progs:
         with tempfile.TemporaryDirectory() as cache:
             r1 = run_child(prog, a.tree, cache=cache)
@@ -346,7 +492,8 @@ def main():
         if "error" in r1 or "error" in r2:
             print(f"| {prog} | error: {r1.get('error') or r2.get('error')} |")
             continue
-        print(f"| {prog} | {r1['first_call']:.2f} | {r2['first_call']:.2f} | "
+        print(f"| {prog} | {r1['first_call']:.2f} | {r2['first_call']:.2f} | {r2['trace']:.2f} | "
+              f"{r2['lower']:.2f} | {r2['load']:.2f} | {r2['run']:.3f} | "
               f"{r2['compiled']} / {r2['hits']} |", flush=True)
 
 

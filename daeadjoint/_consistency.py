@@ -148,11 +148,18 @@ def unknown_mask(mode, algebraic):
     return algebraic
 
 
-def consistency_solve(linear_solver, residual, t, y, yp, args, split, rhs, transpose=False):
+def consistency_solve(linear_solver, residual, t, y, yp, args, split, rhs, transpose=False,
+                      differentiable=True):
     """x with C x = rhs (or Cᵀ x = rhs) for each row of rhs (k, n), C the consistency
     matrix of `split` (a `Split`, or a bool mask) at (t, y, y'). Returns (x, singular).
     Differentiable in every argument. A dense projector (no mask) makes C dense: it is
-    factored by `DenseLU` (n ≤ AUTO_SPLIT_MAX_N) whatever the configured solver."""
+    factored by `DenseLU` (n ≤ AUTO_SPLIT_MAX_N) whatever the configured solver.
+
+    `differentiable=False` is for callers JAX never differentiates (the adjoint's
+    backward pass, which runs inside a primitive whose derivative rules are its own):
+    the same factorization and the same solve, called directly instead of through
+    `custom_linear_solve`, whose matrix–vector products (a `jax.jvp` and a `jax.vjp` of
+    the residual, traced and lowered with every solve) only its derivative rules use."""
     from ._linalg.linear_solver import DenseLU
     if not isinstance(split, Split):
         split = Split(mask=split)
@@ -175,6 +182,9 @@ def consistency_solve(linear_solver, residual, t, y, yp, args, split, rhs, trans
     def solve_t(_, b):
         return aux.solve(state, b, transpose=True, operator=op)[0]
 
+    if not differentiable:
+        one = solve_t if transpose else solve
+        return jax.vmap(lambda b: one(None, b))(rhs), aux.is_singular(state)
     if transpose:
         one = lambda b: jax.lax.custom_linear_solve(vecmat, b, solve_t, solve)  # noqa: E731
     else:

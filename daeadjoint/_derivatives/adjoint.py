@@ -64,7 +64,7 @@ from jaxtyping import Array, Bool, Float, Int
 from .._consistency import Split, consistency_solve, split_at
 from .._core import build_problem
 from .._events import observations
-from .._jax_internals import unvmap_any
+from .._jax_internals import is_batched, unvmap_any
 from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, State,
                            StepRecorder, _write_slot, hermite, initial_state, initial_step,
                            integrate, restore_linear_state, segment_capacity)
@@ -434,9 +434,11 @@ def adjoint_problem(terms: _Terms, linear_solver, n, k, equations, buf, w, p, rt
 def _m_solve(terms, solver, split, t, y, yp, p, rhs):
     """(ν, singular): M νᵢ = rhsᵢ (k, n), M the transposed consistency matrix, and
     whether M is singular (the DAE is not index 1 in its algebraic variables at t: no
-    consistent adjoint values exist, and ν is not finite)."""
+    consistent adjoint values exist, and ν is not finite). Not differentiable: JAX never
+    differentiates the backward pass (its derivatives are the augmented DAE's,
+    `autodiff.py`), so the solve skips `custom_linear_solve`'s matrix–vector products."""
     return consistency_solve(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
-                             t, y, yp, p, split, rhs, transpose=True)
+                             t, y, yp, p, split, rhs, transpose=True, differentiable=False)
 
 
 def jump(terms: _Terms, linear_solver, split, t, y, yp, mu, yb, ypb, p):
@@ -508,10 +510,11 @@ def restart_values(terms: _Terms, linear_solver, split, t, mu, w, y, yp, p):
 
 
 def _hidden_solve_t(terms, solver, split, rows, t, y, yp, p, rhs):
-    """(x, singular): C_hᵀ xᵢ = rhsᵢ (k, n) at (t, y, y')."""
+    """(x, singular): C_hᵀ xᵢ = rhsᵢ (k, n) at (t, y, y'). Not differentiable, as
+    `_m_solve`."""
     from .._index2 import hidden_residual
     return consistency_solve(solver, hidden_residual(terms.F, rows), t, y, yp, p, split,
-                             rhs, transpose=True)
+                             rhs, transpose=True, differentiable=False)
 
 
 def index2_jump(terms, solver, split, rows, t, y, yp, mu, yb, ypb, p):
@@ -639,6 +642,8 @@ class _Backward(eqx.Module):
     k: int = eqx.field(static=True)
     # The index-2 constraints (= variables) of a Hessenberg index-2 DAE (`Config.index2`).
     index2: tuple = eqx.field(static=True, default=())
+    # The forward steps are a batch's (`vmap`): every member has its own (`_Nodes.of`).
+    batched: bool = eqx.field(static=True, default=False)
 
     def index2_mask(self):
         return None if not self.index2 else jnp.zeros((self.n,), bool).at[
@@ -799,7 +804,11 @@ class _Nodes(eqx.Module):
         """The split view of `buf`, or `buf` itself where splitting cannot keep the
         reads small (one row of y over the size: large n, whose step loop is not
         sequential anyway) or is not needed (the whole buffer is small), or for the
-        BDF interpolant (`interpolation="bdf"`, whose history rows are 6n values)."""
+        BDF interpolant (`interpolation="bdf"`, whose history rows are 6n values).
+        Not used for a batch's steps (`integrate_segment`): each piece then holds every
+        member's rows, over the size for all but tiny batches, and each of its reads is
+        a gather of its own (a kernel XLA compiles; 56 of them in the Jacobian setups
+        alone of Robertson's `vmap(grad)`)."""
         item = buf.y.dtype.itemsize
         rows, n = buf.y.shape
         rows_t = SEQUENTIAL_BUFFER_BYTES // item
@@ -850,7 +859,8 @@ def integrate_segment(bw: _Backward, c: _Sweep, max_steps: int) -> _Sweep:
         c = rebase(observe(bw, c))
         t_next = bw.next_time(c.t_low, c.obs, c.t_cur)
         t_r = c.t_r
-        adj, _, _, _ = integrate(bw.problem(_Nodes.of(c.buf), c.w, t_r, t_next, c.equations),
+        nodes = c.buf if bw.batched else _Nodes.of(c.buf)
+        adj, _, _, _ = integrate(bw.problem(nodes, c.w, t_r, t_next, c.equations),
                                  c.adj, empty, t_r - t_next, max_steps)
         ok = c.ok & (adj.result == RESULTS.successful)
         # After a singular restart (c.ok already false) the attempt's result is dropped.
@@ -934,7 +944,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         algebraic=inputs.algebraic, auto_split=config.auto_split, ts=ts,
         breakpoints=inputs.breakpoints,
         ybar=yd_bar[:, :, 0], ypbar=yd_bar[:, :, 1],
-        qbar=qbar, n=n, k=k, index2=config.index2,
+        qbar=qbar, n=n, k=k, index2=config.index2, batched=is_batched(rec),
         rtol=jnp.asarray(inputs.rtol if adjoint.rtol is None else adjoint.rtol, dtype),
         atol=jnp.asarray(jnp.max(inputs.atol) if adjoint.atol is None else adjoint.atol, dtype))
 
@@ -1098,7 +1108,8 @@ def initial_value_cotangents(config, terms, solver, split, t0, y, yp, mu, pbar, 
     if config.init == "y":
         # y0 solves F(t0, y0, y'0, p) = 0 given y'0: δy0 = −F_y⁻¹(F_y' δy'0 + F_p δp).
         z, _ = consistency_solve(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
-                                 t0, y, yp, p, jnp.ones_like(split.mask), mu, transpose=True)
+                                 t0, y, yp, p, jnp.ones_like(split.mask), mu, transpose=True,
+                                 differentiable=False)
         _, fyp_z, fp_z = terms.f_transpose(t0, y, yp, p, z)
         return jnp.zeros_like(mu), -fyp_z, pbar - fp_z
     # The algebraic part of y0 and all of y'0 are determined by the differential part.
