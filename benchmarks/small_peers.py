@@ -52,42 +52,30 @@ def _guard(label, fn, *a):
         return dict(label=label, error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
 
 
-def _ours_G(prob):
-    """p -> G = ∫ y3 dt with daeadjoint's continuous adjoint (atol 1e-8) for its gradient."""
+def _ours_at_t1(prob, **options):
+    """p -> daeadjoint's solution at t1 (`Solution`), with extra `solve` options."""
     import daeadjoint as dae
 
     res = problems.jax_residual(prob)
     y0, atol = jnp.asarray(prob.y0), jnp.asarray(prob.atol)
-
-    def G(p):
-        sol = dae.solve(res, prob.t0, prob.t1, y0, prob.yp0(p, problems.JAX), p,
-                        saveat=jnp.reshape(prob.t1, (1,)), algebraic=prob.algebraic,
-                        rtol=prob.rtol, atol=atol, quadrature=lambda t, y, yp, p: y[2:3],
-                        max_steps=peers.MAX_STEPS, sensitivity=dae.Adjoint(atol=1e-8))
-        return sol.qs[-1, 0]
-
-    return G
+    return lambda p: dae.solve(res, prob.t0, prob.t1, y0, prob.yp0(p, problems.JAX), p,
+                               saveat=jnp.reshape(prob.t1, (1,)), algebraic=prob.algebraic,
+                               rtol=prob.rtol, atol=atol, max_steps=peers.MAX_STEPS, **options)
 
 
 def gradient_G(prob):
     """p -> dG/dp, G = ∫ y3 dt, daeadjoint's continuous adjoint (atol 1e-8)."""
-    return jax.grad(_ours_G(prob))
+    import daeadjoint as dae
+
+    sol = _ours_at_t1(prob, quadrature=lambda t, y, yp, p: y[2:3],
+                      sensitivity=dae.Adjoint(atol=1e-8))
+    return jax.grad(lambda p: sol(p).qs[-1, 0])
 
 
 def y3_final(prob):
     """p -> y3(t1) by daeadjoint with its default sensitivity settings."""
-    import daeadjoint as dae
-
-    res = problems.jax_residual(prob)
-    y0, atol = jnp.asarray(prob.y0), jnp.asarray(prob.atol)
-
-    def f(p):
-        sol = dae.solve(res, prob.t0, prob.t1, y0, prob.yp0(p, problems.JAX), p,
-                        saveat=jnp.reshape(prob.t1, (1,)), algebraic=prob.algebraic,
-                        rtol=prob.rtol, atol=atol, max_steps=peers.MAX_STEPS)
-        return sol.ys[-1, 2]
-
-    return f
+    sol = _ours_at_t1(prob)
+    return lambda p: sol(p).ys[-1, 2]
 
 
 def _jax_prepared(label, fn, to_ys=lambda out: np.asarray(out)[None]):
