@@ -1395,7 +1395,6 @@ class CheckpointRecorder(eqx.Module):
         return CheckpointRecorder(self.every, states, self.count + do.astype(jnp.int32))
 
 
-
 def hermite(t, ta, tb, ya, yb, ypa, ypb):
     """The cubic Hermite interpolant on [ta, tb] with values ya, yb and derivatives
     ypa, ypb: y(t) and y'(t), with x = (t − ta)/h, h = tb − ta and the basis
@@ -1410,6 +1409,7 @@ def hermite(t, ta, tb, ya, yb, ypa, ypb):
     y = h00 * ya + h10 * ma + h01 * yb + h11 * mb
     yp = (d00 * ya + d10 * ma + d01 * yb + d11 * mb) / h
     return y, yp
+
 
 class StepRecorder(eqx.Module):
     """Every accepted step of one segment, to evaluate the forward solution anywhere in
