@@ -34,6 +34,10 @@ def _parse():
                    help="force this many CPU devices (before JAX starts)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-grad", action="store_true", help="skip vmap(grad) (long compile)")
+    p.add_argument("--chunks", type=int, nargs="*", default=None,
+                   help="only `ensemble` at these chunk sizes (and the whole batch), "
+                        "interleaved rounds, CPU and wall seconds: e.g. -n 4096 --chunks "
+                        "256 512 1024 2048")
     p.add_argument("--vmap-only", action="store_true",
                    help="jit(vmap) and the peers only (no ensemble, queue, batches of "
                         "other spreads or grad: for large n)")
@@ -86,6 +90,10 @@ def main():
           f"{jax.devices()[0].device_kind}; {n} members; jax {jax.__version__}")
     print(f"{'':<50} {'n':>6} {'wall s':>10} {'ms/member':>12} {'members/s':>12} "
           f"{'compile s':>9}")
+
+    if ARGS.chunks is not None:
+        chunk_sweep(solve, pb, n, repeats)
+        return
 
     # jit(vmap(solve)), one device.
     t = time.perf_counter()
@@ -144,6 +152,35 @@ def extras(prob, solve, pb, n, repeats, ys):
         _row("daeadjoint jit(vmap(grad))", n, wall, compile_s)
 
 
+def chunk_sweep(solve, pb, n, repeats):
+    """`ensemble` of the batch in chunks of each size of --chunks and in one chunk (the
+    whole batch), timed in interleaved rounds: the process's CPU seconds (all threads;
+    less disturbed by other work on the machine than the wall time) and wall seconds,
+    medians over the rounds; with the largest step count of the chunks' slowest members
+    (a chunk runs until its slowest member is done)."""
+    sizes = sorted(set(ARGS.chunks) | {n})
+    runs = {c: (lambda c=c: dae.ensemble(solve, pb, chunk_size=c)) for c in sizes}
+    steps = {}
+    for c, run in runs.items():                          # compile and warm up
+        _, s = run()
+        s = np.asarray(s)
+        steps[c] = [int(s[i:i + c].max()) for i in range(0, n, c)]
+    cpu = {c: [] for c in sizes}
+    wall = {c: [] for c in sizes}
+    for _ in range(repeats):
+        for c, run in runs.items():
+            t, w = time.process_time(), time.perf_counter()
+            jax.block_until_ready(run())
+            cpu[c].append(time.process_time() - t)
+            wall[c].append(time.perf_counter() - w)
+    print(f"{'chunk':>6} {'CPU ms/member':>14} {'wall ms/member':>15} {'slowest member steps':>22}")
+    for c in sizes:
+        print(f"{c:>6} {1e3 * statistics.median(cpu[c]) / n:14.3f} "
+              f"{1e3 * statistics.median(wall[c]) / n:15.3f} "
+              f"{min(steps[c]):>10}-{max(steps[c])}")
+    print(f"load average {os.getloadavg()}")
+
+
 def peer_rows(prob, pb, n, repeats):
     # Peers (CPU): a loop of compiled IDAS calls; diffsol-jax's vmap; a pydiffsol loop.
     try:
@@ -186,7 +223,8 @@ def hetero_vs_homogeneous(prob, n, repeats):
            for k, v in batches.items()}
     kw = dict(algebraic=prob.algebraic, rtol=prob.rtol, atol=jnp.asarray(prob.atol),
               max_steps=peers.MAX_STEPS, batch=("t1", "yp0", "args"))
-    paths = {"one chunk (lock-step)": dict(queue=False), "queue, 64 slots": dict(queue=True)}
+    paths = {"one chunk (lock-step)": dict(queue=False, chunk_size=n),
+             "queue, 64 slots": dict(queue=True)}
 
     def run(name, path):
         args, t1 = batches[name]

@@ -29,6 +29,15 @@ _AXIS = "ensemble"
 # a segment (benchmarks/ensembles.py, 256 Robertson members on the CPU).
 QUEUE_SLOTS = 64
 QUEUE_SEGMENT = 64
+# `ensemble`'s default chunk on CPU devices: members per device. A vmapped Robertson
+# solve holds ~2.4 KB of working memory per member (XLA's memory analysis), so 1024
+# members keep the loop's state near a core's L2 cache (2 MiB here); past it every trip
+# costs more per member. Measured (benchmarks/ensembles.py --chunks, 4096 members, CPU
+# seconds): chunks of 512-1024 1.9-2.4 ms per member, one chunk of 4096 3.5-3.8 ms —
+# which also waits on the slowest of 4096 members (1696 steps) instead of each chunk's
+# own (1403 in 1024). Elsewhere (GPUs) the default stays the whole batch: a GPU's
+# throughput rises with the batch (docs/ensembles.md, "GPUs").
+CPU_CHUNK = 1024
 
 
 def _batch_size(xs) -> int:
@@ -84,7 +93,9 @@ def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
     - `fn`: the function of one member; its outputs a pytree of arrays.
     - `*batched`: its arguments, pytrees whose array leaves all have the members as
       their leading axis (close over what is shared: `lambda p: f(p, data)`).
-    - `chunk_size`: members per compiled call (default: all at once). It bounds memory:
+    - `chunk_size`: members per compiled call (default: 1024 per device on CPU devices,
+      where larger chunks cost more per member (the loop's state leaves the cache), and
+      all at once elsewhere). It bounds memory:
       a vmapped solve holds every member's state, Jacobian and (for derivatives)
       checkpoints at once, so the peak memory grows linearly with the chunk. Rounded up
       to a multiple of the number of devices; the last chunk is padded to it (one
@@ -125,7 +136,8 @@ def ensemble(fn: Callable, *batched: Any, chunk_size: int | None = None,
         raise ValueError("daeadjoint.ensemble: `devices` is empty.")
     ndev = len(devices)
     if chunk_size is None:
-        chunk_size = total
+        cpu = all(d.platform == "cpu" for d in devices)
+        chunk_size = min(total, CPU_CHUNK * ndev) if cpu else total
     if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"daeadjoint.ensemble: chunk_size must be a positive integer, got "
                          f"{chunk_size!r}.")

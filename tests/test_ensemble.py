@@ -151,6 +151,24 @@ def test_memory_limit_sets_the_chunk():
         dae.ensemble(_outer, x, memory_limit=100)
 
 
+def test_default_chunk_on_cpu_devices():
+    """Without `chunk_size`, CPU devices take `CPU_CHUNK` members per device and call
+    (where larger chunks cost more per member), and the results are the same."""
+    from daeadjoint import _ensemble
+
+    c = _ensemble.CPU_CHUNK
+    x = np.arange(2 * (2 * c + c // 2), dtype=np.float64).reshape(-1, 2)
+    seen = []
+    out = dae.ensemble(_outer, x, devices=jax.devices("cpu")[:1],
+                       progress=lambda d, t: seen.append(d))
+    assert seen == [c, 2 * c, x.shape[0]]
+    np.testing.assert_array_equal(out, np.einsum("bi,bj->bij", x, x))
+    seen.clear()
+    dae.ensemble(_outer, x[:c], devices=jax.devices("cpu")[:1],
+                 progress=lambda d, t: seen.append(d))
+    assert seen == [c]
+
+
 def test_cost_order_returns_the_callers_order(monkeypatch):
     """Members run in order of `cost` (here reversed: the chunks hold members 4 3, 2 1,
     0) and come back in the caller's."""
