@@ -93,21 +93,27 @@ IDAS_ASA = np.array([1.4879e06, -5.9470e00, 9.9117e-04])
 IDAS_FSA = np.array([1.4895e06, -5.9536e00, 9.9196e-04])
 
 
-@jax.jit
-def robertson_G_grad(p, rtol):
-    """idasRoberts_ASAi_dns: forward atol (1e-8, 1e-14, 1e-6), adjoint atol 1e-8 at
-    rtol = 1e-6, all scaled with rtol for the convergence study."""
+def robertson_G(p, rtol, t1):
+    """G = ∫_0^{t1} y3 at idasRoberts_ASAi_dns's settings: forward atol (1e-8, 1e-14,
+    1e-6), adjoint atol 1e-8 at rtol = 1e-6, all scaled with rtol for the convergence
+    study."""
     scale = rtol / 1e-6
+    sol = dae.solve(robertson, 0.0, t1, ROBERTSON_Y0, ROBERTSON_YP0, p,
+                    algebraic=ROBERTSON_ALGEBRAIC, rtol=rtol,
+                    atol=jnp.array([1e-8, 1e-14, 1e-6]) * scale,
+                    quadrature=lambda t, y, yp, p: y[2:3],
+                    sensitivity=dae.Adjoint(atol=1e-8 * scale))
+    return sol.qs[-1, 0]
 
-    def G(p):
-        sol = dae.solve(robertson, 0.0, 4e10, ROBERTSON_Y0, ROBERTSON_YP0, p,
-                        algebraic=ROBERTSON_ALGEBRAIC, rtol=rtol,
-                        atol=jnp.array([1e-8, 1e-14, 1e-6]) * scale,
-                        quadrature=lambda t, y, yp, p: y[2:3],
-                        sensitivity=dae.Adjoint(atol=1e-8 * scale))
-        return sol.qs[-1, 0]
 
-    return jax.value_and_grad(G)(p)
+_robertson_G_value_and_grad = jax.jit(jax.value_and_grad(robertson_G))
+
+
+def robertson_G_grad(p, rtol, t1=4e10):
+    """(G, ∇G) to idasRoberts_ASAi_dns's t1 = 4e10 by default. rtol and t1 are traced:
+    every tolerance and horizon (tests/test_transformations.py's HVP test uses 4e5)
+    shares one compilation."""
+    return _robertson_G_value_and_grad(p, rtol, t1)
 
 
 def test_robertson_adjoint_vs_idas():
@@ -487,43 +493,6 @@ def test_every_replayed_segment_repeats_the_forward_steps(monkeypatch):
     assert differ == []
 
 
-def test_failed_continuous_adjoint_falls_back_to_the_discrete_adjoint(monkeypatch):
-    """A backward integration that cannot finish (here: too few adjoint steps allowed)
-    on a successful forward solve: the gradient comes from the discrete adjoint, with a
-    warning, instead of NaN; without the fallback the failure is reported.
-    y' = −k y: dy(1)/dk = −e^{−k}; the discrete adjoint converges with the tolerance
-    (100·rtol, as the exact-solution tests).
-
-    The fallback's discrete adjoint replays the checkpoint segments the continuous
-    backward pass replays (one replay loop), with the primal's own steps: the gradient
-    program contains the forward solve once. (It used to re-run the forward solve with
-    a step log, a second program that could fail where the primal had succeeded: a run
-    need not repeat to the last bit.) Counted in the same gradient's trace (the residual
-    is a new function at each call, so nothing comes from JAX's caches)."""
-    from daeadjoint import _core
-
-    def f(k, adjoint):
-        return dae.solve(lambda t, y, yp, a: yp + a * y, 0.0, 1.0, jnp.ones(1), args=k,
-                         rtol=1e-8, atol=1e-8, sensitivity=adjoint).ys[-1, 0]
-
-    runs = []
-    real = _core.run
-
-    def counted(*a, **kw):
-        runs.append(kw.get("record", False))
-        return real(*a, **kw)
-
-    monkeypatch.setattr(_core, "run", counted)
-    with pytest.warns(RuntimeWarning, match="discrete adjoint"):
-        g = jax.grad(f)(0.7, dae.Adjoint(max_steps=3))
-    # One recording run: the primal's (custom_jvp also traces the primal function
-    # without recording, a jaxpr the gradient program does not contain).
-    assert runs.count(True) == 1
-    assert abs(float(g) + np.exp(-0.7)) <= 100 * 1e-8
-    with pytest.raises(Exception, match="adjoint_failed"):
-        jax.grad(f)(0.7, dae.Adjoint(max_steps=3, fallback=False))
-
-
 def test_discrete_adjoint_recomputing_steps(monkeypatch):
     """Above `STORED_FACTORS_LIMIT` numbers of linear-solver setups per segment the
     discrete adjoint recomputes each replayed step in its backward pass instead of keeping it
@@ -586,18 +555,45 @@ def _quadrature_decay(k, adjoint, n=1):
 # n = 12: the forward run keeps its last segment (`SegmentRecorder.pays`), which the
 # continuous pass reads and the discrete pass replays.
 @pytest.mark.parametrize("n", [1, 12])
-def test_fallback_equals_the_discrete_adjoint_of_the_same_steps(n):
-    """Where the continuous adjoint fails (2 adjoint steps allowed), the fallback is the
-    discrete adjoint of the primal's own steps, segment by segment from its replays
-    (segments of 7 steps: outputs and the quadrature cross many segment boundaries):
-    the same gradient as `DiscreteAdjoint(segment=7)`, which differentiates the same
-    steps from the primal's step log — equal up to the compiler ordering the same
-    arithmetic differently (1e-12 relative) — and within 100·rtol of the exact one
-    (as the exact-solution tests): d/dk [n Σ e^{−k t_i} + (1 − e^{−4k})/(2k)]."""
+def test_fallback_equals_the_discrete_adjoint_of_the_same_steps(n, monkeypatch):
+    """A backward integration that cannot finish (here: 2 adjoint steps allowed) on a
+    successful forward solve: the gradient comes from the discrete adjoint, with a
+    warning, instead of NaN; without the fallback the failure is reported. The fallback
+    is the discrete adjoint of the primal's own steps, segment by segment from its
+    replays (segments of 7 steps: outputs and the quadrature cross many segment
+    boundaries): the same gradient as `DiscreteAdjoint(segment=7)`, which differentiates
+    the same steps from the primal's step log — equal up to the compiler ordering the
+    same arithmetic differently (1e-12 relative) — and within 100·rtol of the exact one
+    (as the exact-solution tests): d/dk [n Σ e^{−k t_i} + (1 − e^{−4k})/(2k)].
+
+    The fallback's discrete adjoint replays the checkpoint segments the continuous
+    backward pass replays (one replay loop), with the primal's own steps: the gradient
+    program contains the forward solve once. (It used to re-run the forward solve with
+    a step log, a second program that could fail where the primal had succeeded: a run
+    need not repeat to the last bit.) Counted in the same gradient's trace (the residual
+    is a new function at each call, so nothing comes from JAX's caches)."""
+    from daeadjoint import _core
+
     every, k = 7, 0.7
+    runs = []
+    real = _core.run
+
+    def counted(*a, **kw):
+        runs.append(kw.get("record", False))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(_core, "run", counted)
     with pytest.warns(RuntimeWarning, match="discrete adjoint"):
         g = float(jax.grad(_quadrature_decay)(k, dae.Adjoint(max_steps=2,
                                                              checkpoint_every=every), n))
+    # One recording run: the primal's (custom_jvp also traces the primal function
+    # without recording, a jaxpr the gradient program does not contain).
+    assert runs.count(True) == 1
+    monkeypatch.setattr(_core, "run", real)
+    if n == 1:
+        with pytest.raises(Exception, match="adjoint_failed"):
+            jax.grad(_quadrature_decay)(k, dae.Adjoint(max_steps=2, checkpoint_every=every,
+                                                       fallback=False), n)
     gd = float(jax.grad(_quadrature_decay)(k, dae.DiscreteAdjoint(segment=every), n))
     assert abs(g - gd) <= 1e-12 * abs(gd)
     ts = np.linspace(0.0, 2.0, 7)

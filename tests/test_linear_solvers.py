@@ -164,21 +164,25 @@ def value_and_grad(problem, solver):
 
 
 def _match_dense_cases():
-    """problem × solver. Slow (--runslow): Robertson (n = 3: the banded/sparse machinery
-    on a dense matrix; three more compilations of the whole solve + adjoint), on R5
-    heat BandedLU and KLU (both also run on the banded index-1 DAE), and SparseLU on the
-    banded index-1 DAE (~30 s of compilation): its pattern is banded in its own
-    ordering, so SparseLU factorizes it with the same band kernel, the same (3, 2) band
-    and the same transposed solve in the adjoint as BandedLU, whose case stays in the
-    default suite (unequal bandwidths, algebraic observations); SparseLU's own steps
-    (detection, colouring, ordering, the gathers) stay checked by default on R5 heat
-    and in the forward-mode and vmap tests on this DAE."""
+    """problem × solver. The default suite runs BandedLU and SparseLU on the banded
+    index-1 DAE (unequal bandwidths, algebraic observations: the consistent-jump matrix
+    in the adjoint), against one DenseLU reference compiled for both. Slow (--runslow):
+    Robertson (n = 3: the banded/sparse machinery on a dense matrix; three more
+    compilations of the whole solve + adjoint); all of R5 heat (a second DenseLU
+    reference, ~80 s of compilation on CI): SparseLU keeps R5's pattern in its natural
+    ordering (bandwidth 8, no better RCM ordering), so it runs the same steps as on the
+    DAE — detection, colouring, the gathers, the band kernel and its transposed solve in
+    the adjoint — and R5's quadrature does not involve the linear solver (quadratures
+    through the adjoint: tests/test_adjoint.py's R1 and R4 tests); and KLU on
+    the DAE (~80 s on CI): KLU's factorization runs by default inside whole solves
+    (test_klu_vmap_of_whole_solves_matches_sequential), its solve and transposed solve
+    (the adjoint's) with their derivatives against numpy in
+    test_klu_solve_primitive_batching_and_derivatives, and SparseLU in the adjoint here."""
     cases = []
     for problem in ("robertson", "heat", "reaction_diffusion"):
         for solver in ("banded", "sparse", "klu"):
             marks = []
-            if problem == "robertson" or (problem == "heat" and solver != "sparse") or (
-                    problem == "reaction_diffusion" and solver == "sparse"):
+            if problem != "reaction_diffusion" or solver == "klu":
                 marks.append(SLOW)
             if solver == "klu":
                 marks.append(pytest.mark.skipif(not HAVE_KLU, reason="klujax not installed"))

@@ -10,7 +10,8 @@ import pytest
 import daeadjoint as dae
 from .problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
                       oscillator, robertson)
-from .test_adjoint import IDAS_ASA, IDAS_FSA, KIN_TS, KIN_W, kinetics, kinetics_grad, kinetics_loss
+from .test_adjoint import (IDAS_ASA, IDAS_FSA, KIN_TS, KIN_W, kinetics, kinetics_grad,
+                           kinetics_loss, robertson_G, robertson_G_grad)
 
 # ------------------------------------------------------- R1: forward sensitivities
 ROB_ATOL = jnp.array([1e-8, 1e-14, 1e-6])     # idasRoberts_FSA_dns / _ASAi_dns
@@ -79,7 +80,6 @@ def test_jacfwd_of_G_agrees_with_the_adjoint():
     (|ASA − FSA|, ~1e-3 relative); and as the tolerance tightens forward mode converges
     to the adjoint's converged gradient (within 1e-4 relative at rtol 1e-8: the
     global-error bound 100·rtol of the forward tests)."""
-    from .test_adjoint import robertson_G_grad
     fwd6 = np.asarray(robertson_G_forward(ROBERTSON_P, 1e-6))
     _, adj6 = robertson_G_grad(ROBERTSON_P, 1e-6)
     assert np.all(np.abs(fwd6 - np.asarray(adj6)) <= np.abs(IDAS_ASA - IDAS_FSA)), (fwd6, adj6)
@@ -176,10 +176,10 @@ def test_derivative_across_a_kink_of_an_algebraic_variable(mode):
 
     t = np.asarray(ts)
     exact = np.stack([-t * np.exp(-t), np.where(np.exp(-t) > 0.5, -t * np.exp(-t), 0.0)], 1)
-    if mode == "jacfwd":
-        J = np.asarray(jax.jacfwd(f)(1.0))
+    if mode == "jacfwd":     # jitted: one program (eager compiles each primitive alone)
+        J = np.asarray(jax.jit(jax.jacfwd(f))(1.0))
     else:   # one gradient: of x + z at both times
-        J = np.asarray(jax.grad(lambda k: jnp.sum(f(k)))(1.0))
+        J = np.asarray(jax.jit(jax.grad(lambda k: jnp.sum(f(k))))(1.0))
         exact = np.sum(exact)
     np.testing.assert_allclose(J, exact, rtol=0, atol=100 * rtol * np.max(np.abs(exact)))
 
@@ -193,9 +193,11 @@ def test_vmap_of_jacfwd_and_linearize():
     single = _kinetics_algebraic_jacfwd
     for i in range(2):
         np.testing.assert_allclose(batched[i], single(ps[i], 1e-8), rtol=2e-7, atol=2e-7)
-    _, lin = jax.linearize(lambda p: kinetics_algebraic(p, 1e-8), ps[0])
     v = jnp.array([0.3, -0.2, 0.5, 0.1])
-    np.testing.assert_allclose(lin(v), single(ps[0], 1e-8) @ v, rtol=1e-6, atol=1e-9)
+    # jitted: one program (eagerly, the linearization's known and unknown parts compile
+    # separately)
+    lin_v = jax.jit(lambda p, v: jax.linearize(lambda q: kinetics_algebraic(q, 1e-8), p)[1](v))
+    np.testing.assert_allclose(lin_v(ps[0], v), single(ps[0], 1e-8) @ v, rtol=1e-6, atol=1e-9)
 
 
 def test_pure_forward_mode_is_one_run_and_grad_of_vmap_is_not():
@@ -274,17 +276,16 @@ def test_oscillator_second_derivatives_exact():
         np.testing.assert_allclose(H, H_exact, rtol=0, atol=100 * rtol)
 
 
-def _robertson_G_short(p, rtol):
-    """G = ∫_0^{4e5} y3 (a horizon over which the second-order adjoint is well
-    conditioned; see docs on the cost at t ~ 1e10)."""
-    return dae.solve(robertson, 0.0, 4e5, ROBERTSON_Y0, ROBERTSON_YP0, p,
-                     algebraic=ROBERTSON_ALGEBRAIC, rtol=rtol, atol=ROB_ATOL * rtol / 1e-6,
-                     quadrature=lambda t, y, yp, p: y[2:3]).qs[-1, 0]
-
-
-_rob_grad = jax.jit(jax.grad(_robertson_G_short))
-_rob_hvp = jax.jit(lambda p, v, r: jax.jvp(lambda q: jax.grad(_robertson_G_short)(q, r),
+# G = ∫_0^{4e5} y3 (a horizon over which the second-order adjoint is well conditioned;
+# see docs on the cost at t ~ 1e10), tests/test_adjoint.py's G with the horizon traced:
+# the differenced gradients are that module's compiled gradient program.
+ROB_HVP_T1 = 4e5
+_rob_hvp = jax.jit(lambda p, v, r: jax.jvp(lambda q: jax.grad(robertson_G)(q, r, ROB_HVP_T1),
                                            (p,), (v,))[1])
+
+
+def _rob_grad(p, rtol):
+    return robertson_G_grad(p, rtol, ROB_HVP_T1)[1]
 
 
 def _hvp_vs_fd(hvp, grad, x, v, rtol_hvp, rtol_fd, eps):

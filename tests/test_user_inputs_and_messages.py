@@ -240,14 +240,16 @@ def test_every_transformation_and_second_order():
     (the fused forward run's own derivative rule, through the unfused primal and tangent
     primitives) give the exact derivatives of e^{−k}; jacfwd and jvp are checked above,
     jax.hessian (jacfwd of jacrev) with the DiscreteAdjoint above and with the adjoint in
-    tests/test_transformations.py, two more compositions below."""
+    tests/test_transformations.py, two more compositions below. Each composition is
+    jitted: one program each (eagerly, the pieces of the nested transformations compile
+    one by one: 124 CPU s of compilation against 82 s jitted, the same values)."""
     k = 0.5
     e = np.exp(-k)
-    _, lin = jax.linearize(y_end, k)
-    assert abs(float(lin(1.0)) + e) <= BOUND
-    _, hvp = jax.jvp(jax.grad(y_end), (k,), (1.0,))
+    lin = jax.jit(lambda k: jax.linearize(y_end, k)[1](1.0))(k)
+    assert abs(float(lin) + e) <= BOUND
+    hvp = jax.jit(lambda k: jax.jvp(jax.grad(y_end), (k,), (1.0,))[1])(k)
     assert abs(float(hvp) - e) <= BOUND
-    assert abs(float(jax.jacfwd(jax.jacfwd(y_end))(k)) - e) <= BOUND
+    assert abs(float(jax.jit(jax.jacfwd(jax.jacfwd(y_end)))(k)) - e) <= BOUND
 
 
 @pytest.mark.slow
