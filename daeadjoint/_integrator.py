@@ -429,8 +429,8 @@ class Corrector(NamedTuple):
 
 
 def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
-                  y_pred, yp_pred, ewt, resume=None, iterations: int | None = None
-                  ) -> Corrector:
+                  y_pred, yp_pred, ewt, resume=None, iterations: int | None = None,
+                  active=None) -> Corrector:
     """The corrector (IDAS manual §6.2.2, eqs. (6.6)–(6.8)): solve
     G(y) = F(t_n, y, y'_(0) + cj (y − y_(0)), p) = 0 from the predictor y_(0) by modified
     Newton with the iteration matrix J = F_y + cj_old F_y' (`newton_solve`).
@@ -446,8 +446,9 @@ def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
     when the projection's norm is below the Newton tolerance; otherwise the step is
     retried with h' = η h, η = max(0.9 min φ_0/(φ_0 − y) over the violators, 0.1).
 
-    `iterations`, `resume`: at most that many Newton iterations, continuing the pending
-    iteration `resume` (`newton_solve`; the batched step loop's)."""
+    `iterations`, `resume`, `active`: at most that many Newton iterations, continuing the
+    pending iteration `resume`, J set up only where `active` (`newton_solve`; the
+    batched step loop's)."""
     dtype = s.phi.dtype
     cj = coef.cj
     first = s.fresh
@@ -464,7 +465,7 @@ def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
                           y_pred, yp_pred, cj, ewt, s.lin_state, s.jac_point, cj_old,
                           rate_factor, setup, linear=problem.reset_newton_rate,
                           mask_probe=problem.algebraic_probe, index2=problem.index2,
-                          iterations=iterations, resume=resume)
+                          iterations=iterations, resume=resume, active=active)
     ee = newton.ee
     converged = newton.converged
     constraint_fail = jnp.zeros((), bool)
@@ -811,7 +812,8 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
     return new, passed
 
 
-def attempt_step_part(problem: Problem, s: State, pending=None, iterations: int | None = None):
+def attempt_step_part(problem: Problem, s: State, pending=None, iterations: int | None = None,
+                      active=None):
     """`attempt_step`, or with `iterations` a part of it: at most that many Newton
     iterations, continuing the iteration `pending` left by the last part (a
     `newton_solve` carry, status 0 where one is pending). Returns (state, accepted,
@@ -821,7 +823,9 @@ def attempt_step_part(problem: Problem, s: State, pending=None, iterations: int 
     from the returned one, and the next part recomputes the same predictor and cj
     from that state (a breakpoint's restart included) and continues the same
     iterates, so the attempts, their iterations and their results are those of
-    `attempt_step`."""
+    `attempt_step`. `active` (bool, or None: all): where False the caller drops the
+    attempt and J is not set up (`newton_solve`): the returned `lin_state` and
+    `jac_point` are those of `s`."""
     if problem.breakpoints is not None:
         s = restart_at_breakpoint(problem, s)
     dtype = s.phi.dtype
@@ -855,7 +859,7 @@ def attempt_step_part(problem: Problem, s: State, pending=None, iterations: int 
 
     # --- corrector: the state, then quadratures and sensitivities at the converged y ---
     corrector = correct_state(problem, s, coef, t_eval, h, y_pred, yp_pred, ewt,
-                              resume=pending, iterations=iterations)
+                              resume=pending, iterations=iterations, active=active)
     newton = corrector.newton
     converged = corrector.converged
     # Quadratures: explicit correction e_Q = (q(t, y, y') − y_Q'(0))/cj (§6.2.5).
@@ -1233,10 +1237,15 @@ def _integrate_flat(problem: Problem, state: State, outputs: Outputs, t_end, max
     def body(carry):
         s_old, out, recs, ev, pending_old = carry
         go = running(s_old)
+        # A member that is done sets up no J in its (dropped) attempt: its factors and
+        # their setup point come back as they went in, with no select (under `vmap` a
+        # select of J is a copy of the whole batch's factors on every trip).
         s, passed, pending = attempt_step_part(_with_step_history(problem, recs), s_old,
-                                               pending_old, BATCH_NEWTON_ITERATIONS)
+                                               pending_old, BATCH_NEWTON_ITERATIONS, go)
         if pending is None:
-            s = tree_where(go, s, s_old)
+            s = dataclasses.replace(tree_where(go, strip_linear_state(s),
+                                               strip_linear_state(s_old)),
+                                    lin_state=s.lin_state)
         else:
             # A member whose Newton iteration is pending keeps its step state, as a
             # member that is done does (one select for both), but takes J and the
@@ -1244,7 +1253,7 @@ def _integrate_flat(problem: Problem, state: State, outputs: Outputs, t_end, max
             # done is never resumed: no select.
             waiting = pending.status == 0
             keep = ~go | waiting
-            lin = tree_where(go, (s.lin_state, s.jac_point), (s_old.lin_state, s_old.jac_point))
+            lin = (s.lin_state, s.jac_point)
             s = tree_where(keep, dataclasses.replace(s_old, lin_state=(), jac_point=()),
                            dataclasses.replace(s, lin_state=(), jac_point=()))
             s = dataclasses.replace(s, lin_state=lin[0], jac_point=lin[1])

@@ -153,7 +153,7 @@ def idle_iteration(y, linear_solver) -> _Iteration:
 def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
                  lin_state, jac_point, cj_old, ss, force_setup, linear: bool = False,
                  mask_probe=None, index2=None, iterations: int | None = None,
-                 resume: _Iteration | None = None) -> NewtonResult:
+                 resume: _Iteration | None = None, active=None) -> NewtonResult:
     """Run the modified Newton iteration from e = 0. See the module docstring.
 
     `iterations`: run at most this many iterations, unrolled (straight-line code, no
@@ -169,6 +169,11 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
     runs a fixed number per trip and lets the members that need more finish theirs
     in the next trips, whose predictor recomputes the same y_(0) from the unchanged
     step state.
+
+    `active`: bool or None (all). Where False, J is never set up: the caller drops
+    that member's result and keeps the state it passed (a finished member of a batched
+    step loop), so its factors come back as they went in, untouched by the in-place
+    setup (`setup_where`), and need no select to be kept.
 
     `mask_probe`: a∘r (a the algebraic mask, r distinct positive weights) or None. With
     it, each Jacobian setup also checks that F_y' (a∘r) = Σ_{i algebraic} r_i F_y'e_i is
@@ -199,9 +204,11 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
     def cond(c: _Iteration):
         return c.status == 0
 
-    def body(c: _Iteration) -> _Iteration:
+    def body(c: _Iteration, solving=None) -> _Iteration:
+        # `solving`: the members whose iteration counts (None: all); the others' linear
+        # solve may be skipped (`solve_where`), their result being dropped.
         ee = c.ee
-        do_setup = c.setup
+        do_setup = c.setup if active is None else c.setup & active
 
         def setup(operand):
             # Where not `do_setup` (other members of a batch) every part is `operand`'s:
@@ -241,7 +248,11 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         # (inexact Newton), so their update is not rescaled.
         scale = 1.0 if linear_solver.matrix_free else 2.0 / (1.0 + cj / cj_old_)
         finite = jnp.all(jnp.isfinite(g))
-        x, lin_stats = linear_solver.solve(lin, -g, weights=ewt, operator=operator)
+        if solving is None:
+            x, lin_stats = linear_solver.solve(lin, -g, weights=ewt, operator=operator)
+        else:
+            x, lin_stats = linear_solver.solve_where(solving, lin, -g, weights=ewt,
+                                                     operator=operator)
         if scale_cols:
             x = x * jnp.where(index2, cj_old_, 1.0)   # x = D w, D of the setup (cj_old)
         delta = x * scale
@@ -303,10 +314,21 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         out = jax.lax.while_loop(cond, body, init)
     else:
         # Every member starts running (status 0: a fresh start or a resumed one), so
-        # the first iteration needs no select; later ones keep the finished members.
-        out = body(init)
+        # the first iteration needs no select; later ones keep the finished members —
+        # all but their J, which a member that is not running does not set up (its
+        # `setup` flag is cleared for the iteration), so that the factors are left where
+        # they are instead of being selected (under `vmap`: a copy of the whole batch's
+        # factors per iteration).
+        # A member's linear solve is skipped where its result is dropped (not running,
+        # or not `active`).
+        out = body(init, active)
         for _ in range(iterations - 1):
-            out = tree_where(out.status == 0, body(out), out)
+            run = out.status == 0
+            nxt = body(out._replace(setup=out.setup & run),
+                       run if active is None else run & active)
+            out = tree_where(run, nxt._replace(lin=None, jac_point=None),
+                             out._replace(lin=None, jac_point=None)
+                             )._replace(lin=nxt.lin, jac_point=nxt.jac_point)
         pending = out.status == 0
         carry = out._replace(lin=None, jac_point=None)
     return NewtonResult(

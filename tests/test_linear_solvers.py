@@ -372,6 +372,50 @@ def test_band_kernels_against_numpy(kernel):
 
 
 @pytest.mark.parametrize("kernel", ["lapack", "jax"])
+def test_band_solve_where_solves_the_members_asked(kernel):
+    """`solve_band_where` (the batched Newton iteration's solve) under vmap: where pred
+    its result is `solve_band`'s bit for bit (the same LAPACK call per member), for J
+    and Jᵀ, float64 and float32, several right-hand sides per member (the batching rule's
+    repeated matrices) and one unbatched member; its JVP and gradient w.r.t. the
+    right-hand side and J's nonzeros are `solve_band`'s (they are exact linear algebra of
+    the same factors: compared to 1e-12 relative, the float64 rounding of the
+    derivative rules' two extra solves with a well-conditioned J)."""
+    from daeadjoint._linalg.banded import factor_band, solve_band, solve_band_where
+
+    pattern, values, rhs, _, _ = random_band_systems(37, 3, 1, 5, 2, seed=4)
+    pred = np.array([True, False, False, True, True])
+
+    def solved(where, p, v, b, transpose):
+        state = factor_band(v, pattern, kernel)
+        if where:
+            return jax.vmap(lambda r: solve_band_where(p, state, r, pattern, kernel,
+                                                       transpose))(b)
+        return jax.vmap(lambda r: solve_band(state, r, pattern, kernel, transpose))(b)
+
+    for dtype in (jnp.float64, jnp.float32):
+        for transpose in (False, True):
+            args = (pred, values.astype(dtype), rhs.astype(dtype))
+            x_where, x = (jax.jit(jax.vmap(functools.partial(solved, w, transpose=transpose)))(
+                *args) for w in (True, False))
+            assert x_where.dtype == dtype
+            assert np.array_equal(np.asarray(x_where)[pred], np.asarray(x)[pred])
+            one = (pred[0], values[0].astype(dtype), rhs[0].astype(dtype))
+            assert np.array_equal(
+                jax.jit(functools.partial(solved, True, transpose=transpose))(*one),
+                np.asarray(x)[0])
+
+    def loss(where, v, b):
+        x = jax.vmap(functools.partial(solved, where, transpose=False))(pred, v, b)
+        return jnp.sum(jnp.where(pred[:, None, None], x, 0.0) ** 2)
+
+    tangents = (jnp.asarray(np.cos(values)), jnp.asarray(np.sin(rhs)))
+    for fn in (lambda w: jax.jvp(functools.partial(loss, w), (values, rhs), tangents)[1],
+               lambda w: jax.grad(functools.partial(loss, w), argnums=(0, 1))(values, rhs)):
+        for a, b in zip(jax.tree_util.tree_leaves(fn(True)), jax.tree_util.tree_leaves(fn(False))):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("kernel", ["lapack", "jax"])
 def test_band_refresh_where_factorizes_only_the_members_asked(kernel):
     """`factor_band_where` (the Newton iteration's refresh, `setup_where`) under vmap:
     the members with pred get the factors of their new matrix, the others keep their

@@ -11,7 +11,7 @@ ctypes pointer (an address, frozen into the code) but through an external symbol
 routine in the process's symbol table before any handler is compiled or loaded.
 
 Handlers (`lapack_ffi.py` documents their operands and results): `factor_f64`,
-`solve_f64`, `factor_where_f64` and their `_f32` twins, each `intp(intp)`: frame
+`solve_f64`, `factor_where_f64`, `solve_where_f64` and their `_f32` twins, each `intp(intp)`: frame
 address -> 0.
 """
 
@@ -132,8 +132,9 @@ def _factor(values, index, lu, ipiv, b, nnz, n, w, kl, ku, double):
 
 
 @_inline
-def _solve(lu, ipiv, rhs, x, batch, n, w, kl, ku, transpose, double):
-    """x = rhs solved with the factors, nrhs = size(rhs) / (batch n) per matrix."""
+def _solve(lu, ipiv, rhs, x, batch, n, w, kl, ku, transpose, double, pred, masked):
+    """x = rhs solved with the factors, nrhs = size(rhs) / (batch n) per matrix; if
+    `masked`, only with the matrices b where pred[b] ≠ 0 (elsewhere x = rhs)."""
     x[:] = rhs
     nrhs = rhs.size // (batch * n)
     ints = np.empty(7, np.int32)    # n, kl, ku, nrhs, ldab, ldb, info
@@ -146,6 +147,8 @@ def _solve(lu, ipiv, rhs, x, batch, n, w, kl, ku, transpose, double):
     trans = np.empty(1, np.uint8)
     trans[0] = 84 if transpose else 78                        # 'T' or 'N'
     for b in range(batch):
+        if masked and pred[b] == 0:
+            continue
         args = (trans.ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes,
                 ints[3:].ctypes, lu[b * n * w:].ctypes, ints[4:].ctypes,
                 ipiv[b * n:].ctypes, x[b * nrhs * n:].ctypes, ints[5:].ctypes,
@@ -250,7 +253,23 @@ def solve_f64(frame):
            carray(_as_i32(_buffer(frame, _ARGS, 2)[0]), (batch * n,)),
            carray(_as_f64(rhs_data), (size,)),
            carray(_as_f64(_buffer(frame, _RETS, 0)[0]), (size,)),
-           batch, n, w, params[0], params[1], params[2] != 0, True)
+           batch, n, w, params[0], params[1], params[2] != 0, True,
+           carray(_as_i32(_buffer(frame, _ARGS, 2)[0]), (1,)), False)
+    return 0
+
+
+@_handler
+def solve_where_f64(frame):
+    if _answer_metadata(frame):
+        return 0
+    params, data, batch, n, w = _matrix_operands(frame)
+    rhs_data, size = _rhs_size(frame)
+    _solve(carray(_as_f64(data), (batch * n * w,)),
+           carray(_as_i32(_buffer(frame, _ARGS, 2)[0]), (batch * n,)),
+           carray(_as_f64(rhs_data), (size,)),
+           carray(_as_f64(_buffer(frame, _RETS, 0)[0]), (size,)),
+           batch, n, w, params[0], params[1], params[2] != 0, True,
+           carray(_as_i32(_buffer(frame, _ARGS, 4)[0]), (batch,)), True)
     return 0
 
 
@@ -264,5 +283,21 @@ def solve_f32(frame):
            carray(_as_i32(_buffer(frame, _ARGS, 2)[0]), (batch * n,)),
            carray(_as_f32(rhs_data), (size,)),
            carray(_as_f32(_buffer(frame, _RETS, 0)[0]), (size,)),
-           batch, n, w, params[0], params[1], params[2] != 0, False)
+           batch, n, w, params[0], params[1], params[2] != 0, False,
+           carray(_as_i32(_buffer(frame, _ARGS, 2)[0]), (1,)), False)
+    return 0
+
+
+@_handler
+def solve_where_f32(frame):
+    if _answer_metadata(frame):
+        return 0
+    params, data, batch, n, w = _matrix_operands(frame)
+    rhs_data, size = _rhs_size(frame)
+    _solve(carray(_as_f32(data), (batch * n * w,)),
+           carray(_as_i32(_buffer(frame, _ARGS, 2)[0]), (batch * n,)),
+           carray(_as_f32(rhs_data), (size,)),
+           carray(_as_f32(_buffer(frame, _RETS, 0)[0]), (size,)),
+           batch, n, w, params[0], params[1], params[2] != 0, False,
+           carray(_as_i32(_buffer(frame, _ARGS, 4)[0]), (batch,)), True)
     return 0

@@ -23,6 +23,8 @@ Rows are equilibrated by their ∞-norms first (as `banded.py`), and the singula
 - `factor_where(pred, state, values, sparsity)`: `factor` where `pred`, else `state`; a
   batch's members with `pred` are factorized in one custom call, the others' factors
   stay in place (the Newton iteration's refresh under `vmap`).
+- `solve_where(pred, state, rhs, sparsity)`: `solve` where `pred` (elsewhere unspecified):
+  under `vmap`, one custom call solves only the members with `pred`.
 - `band_solve_p(values, lu, ipiv, rhs)`: J x = rhs (or Jᵀ x = rhs) by gbtrs. A primitive,
   like `klu.klu_solve_p`, so that it is a differentiable linear solve: JVP
   d(J⁻¹ b) = J⁻¹ (db − dJ x) with dJ from the tangent of `values` (J's nonzeros),
@@ -99,7 +101,7 @@ def factor(values: Float[Array, " nnz"], sparsity: Sparsity) -> BandFactors:
     layout = band_layout(sparsity)
     n, l, u = layout.n, layout.lower, layout.upper
     d, scaled = _equilibrate(values, layout)
-    factor_target, _, _ = lapack_ffi.targets(values.dtype)
+    factor_target, _, _, _ = lapack_ffi.targets(values.dtype)
     # The custom call assembles each member's band from the nonzeros itself (no zero fill
     # and scatter of a batch of n·w arrays in XLA) and factorizes it in place.
     lu, ipiv = jax.ffi.ffi_call(
@@ -120,7 +122,7 @@ def factor_where(pred: Bool[Array, ""], state: BandFactors, values: Float[Array,
     layout = band_layout(sparsity)
     l, u = layout.lower, layout.upper
     d, scaled = _equilibrate(values, layout)
-    _, _, where_target = lapack_ffi.targets(values.dtype)
+    _, _, where_target, _ = lapack_ffi.targets(values.dtype)
     lu, ipiv = jax.ffi.ffi_call(
         where_target,
         (jax.ShapeDtypeStruct(state.lu.shape, state.lu.dtype),
@@ -143,6 +145,22 @@ def solve(state: BandFactors, rhs: Float[Array, " n"], sparsity: Sparsity,
         x = state.d * band_solve_p.bind(state.values, state.lu, state.ipiv, b, **kw)
     else:
         x = band_solve_p.bind(state.values, state.lu, state.ipiv, state.d * b, **kw)
+    return x.astype(jnp.result_type(rhs))
+
+
+def solve_where(pred: Bool[Array, ""], state: BandFactors, rhs: Float[Array, " n"],
+                sparsity: Sparsity, transpose: bool = False) -> Float[Array, " n"]:
+    """`solve(state, rhs, ...)` where `pred`; elsewhere the result is unspecified (the
+    caller drops it). Under `vmap` with a batched `pred` one custom call solves only
+    the members with `pred` (the Newton iteration's members still iterating); the
+    results there equal `solve`'s bit for bit. Its derivatives are `solve`'s."""
+    kw = dict(sparsity=sparsity, transpose=bool(transpose))
+    b = jnp.asarray(rhs).astype(state.lu.dtype)
+    pred = jnp.asarray(pred, bool)
+    if transpose:
+        x = state.d * band_solve_where_p.bind(state.values, state.lu, state.ipiv, b, pred, **kw)
+    else:
+        x = band_solve_where_p.bind(state.values, state.lu, state.ipiv, state.d * b, pred, **kw)
     return x.astype(jnp.result_type(rhs))
 
 
@@ -170,7 +188,7 @@ def _solve_body(values, lu, ipiv, rhs, *, sparsity, transpose):
     `lu` is one matrix (every right-hand side solved with it) or a batch aligned with
     `rhs` (`_batch`)."""
     del values
-    _, solve_target, _ = lapack_ffi.targets(lu.dtype)
+    _, solve_target, _, _ = lapack_ffi.targets(lu.dtype)
     return jax.ffi.ffi_call(solve_target, jax.ShapeDtypeStruct(rhs.shape, rhs.dtype))(
         _params(sparsity.lower, sparsity.upper, transpose), lu, ipiv, rhs)
 
@@ -249,3 +267,65 @@ batching.primitive_batchers[band_solve_p] = _batch
 ad.primitive_jvps[band_solve_p] = _jvp
 ad.primitive_transposes[band_solve_p] = _transpose
 mlir.register_lowering(band_solve_p, mlir.lower_fun(_solve_body, multiple_results=False))
+
+
+# ------------------------------------------------------- the solve of some members only
+
+
+band_solve_where_p = Primitive("daeadjoint_band_solve_where")
+
+
+def _solve_where_body(values, lu, ipiv, rhs, pred, *, sparsity, transpose):
+    """gbtrs with the matrices where `pred` (one per matrix of `lu`), x = rhs elsewhere."""
+    del values
+    _, _, _, target = lapack_ffi.targets(lu.dtype)
+    return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(rhs.shape, rhs.dtype))(
+        _params(sparsity.lower, sparsity.upper, transpose), lu, ipiv, rhs,
+        jnp.broadcast_to(pred, lu.shape[:-2]).astype(jnp.int32))
+
+
+def _where_abstract_eval(values, lu, ipiv, rhs, pred, *, sparsity, transpose):
+    if pred.shape not in ((), lu.shape[:-2]):
+        raise ValueError(f"band_solve_where: predicate {pred.shape} for factors {lu.shape}.")
+    return _abstract_eval(values, lu, ipiv, rhs, sparsity=sparsity, transpose=transpose)
+
+
+def _where_jvp(primals, tangents, *, sparsity, transpose):
+    """The primal where `pred`; the tangent is `band_solve_p`'s (for every member: where
+    not `pred` the primal is unspecified, and so may the tangent be), so that the
+    transpose only meets `band_solve_p`."""
+    values, lu, ipiv, rhs, pred = primals
+    dvalues, _, _, drhs, _ = tangents
+    kw = dict(sparsity=sparsity, transpose=transpose)
+    x = band_solve_where_p.bind(values, lu, ipiv, rhs, pred, **kw)
+    t = jnp.zeros_like(x) if type(drhs) is ad.Zero else drhs
+    if type(dvalues) is not ad.Zero:
+        t = t - sparse_matvec(dvalues, x, band_layout(sparsity), transpose)
+    return x, band_solve_p.bind(values, lu, ipiv, jnp.broadcast_to(t, x.shape), **kw)
+
+
+def _where_batch(args, dims, *, sparsity, transpose):
+    """As `_batch`, the predicate going with the matrices (one per matrix)."""
+    values, lu, ipiv, rhs, pred = args
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    kw = dict(sparsity=sparsity, transpose=transpose)
+    rhs = (jnp.moveaxis(rhs, dims[3], 0) if dims[3] is not None
+           else jnp.broadcast_to(rhs, (size, *rhs.shape)))
+    if all(d is None for d in (*dims[:3], dims[4])) and lu.ndim == 2:   # more right-hand sides
+        return band_solve_where_p.bind(values, lu, ipiv, rhs, pred, **kw), 0
+    moved = []
+    for a, d, core in zip((values, lu, ipiv, pred), (*dims[:3], dims[4]), (1, 2, 1, 0)):
+        a = jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size, *a.shape))
+        lead, tail = a.shape[:len(a.shape) - core], a.shape[len(a.shape) - core:]
+        a = a.reshape(*lead, *(1,) * (rhs.ndim - 1 - len(lead)), *tail)
+        moved.append(jnp.broadcast_to(a, (*rhs.shape[:-1], *tail)))
+    values, lu, ipiv, pred = moved
+    return band_solve_where_p.bind(values, lu, ipiv, rhs, pred, **kw), 0
+
+
+band_solve_where_p.def_impl(_solve_where_body)
+band_solve_where_p.def_abstract_eval(_where_abstract_eval)
+batching.primitive_batchers[band_solve_where_p] = _where_batch
+ad.primitive_jvps[band_solve_where_p] = _where_jvp
+mlir.register_lowering(band_solve_where_p,
+                       mlir.lower_fun(_solve_where_body, multiple_results=False))

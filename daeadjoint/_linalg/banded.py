@@ -115,6 +115,15 @@ def solve_band(state, rhs: Float[Array, " n"], sparsity: Sparsity, kernel: str,
     return solve_blocks(state, rhs, sparsity.n)
 
 
+def solve_band_where(pred, state, rhs: Float[Array, " n"], sparsity: Sparsity, kernel: str,
+                     transpose: bool = False):
+    """`solve_band` where `pred`, elsewhere unspecified: with the LAPACK kernel under
+    `vmap`, only the members with `pred` are solved (`band_lapack.solve_where`)."""
+    if kernel == "lapack":
+        return band_lapack.solve_where(pred, state, rhs, sparsity, transpose)
+    return solve_band(state, rhs, sparsity, kernel, transpose)
+
+
 def band_singular(state, kernel: str) -> Bool[Array, ""]:
     """`DenseLU`'s singularity test on the pivots of `factor_band`."""
     if kernel == "lapack":
@@ -339,6 +348,10 @@ class BandedLU(AbstractLinearSolver):
     def solve(self, state, rhs, *, transpose=False, weights=None, operator=None):
         return solve_band(state, rhs, self._sparsity(rhs.shape[-1]),
                           resolve_kernel(self.kernel), transpose), {}
+
+    def solve_where(self, pred, state, rhs, *, transpose=False, weights=None, operator=None):
+        return solve_band_where(pred, state, rhs, self._sparsity(rhs.shape[-1]),
+                                resolve_kernel(self.kernel), transpose), {}
 
     def is_singular(self, state) -> Bool[Array, ""]:
         return band_singular(state, resolve_kernel(self.kernel))

@@ -34,6 +34,9 @@ Targets, for dtype in {float32, float64} (`targets(dtype)`):
 - solve: operands (params = [l, u, trans] int32, lu (B…, n, w), ipiv (B…, n), rhs);
   result x. The right-hand sides are rhs reshaped to (B, R, n): R of them per matrix
   (R = size(rhs) / (B·n)), solved by one gbtrs call per matrix.
+- solve_where: operands (params, lu, ipiv, rhs as for solve, pred (B…) int32); result x:
+  solved with the matrices b where pred[b] ≠ 0 only, x = rhs for the others (under
+  `vmap`, the members of a batch whose Newton iteration is still running).
 """
 
 import ctypes
@@ -46,9 +49,9 @@ class FFIUnavailable(RuntimeError):
     """The LAPACK custom calls cannot be built here (no numba, or XLA refused them)."""
 
 
-def targets(dtype) -> tuple[str, str, str]:
-    """Register (once) and return the (factor, solve, factor_where) FFI target names for
-    `dtype`.
+def targets(dtype) -> tuple[str, str, str, str]:
+    """Register (once) and return the (factor, solve, factor_where, solve_where) FFI
+    target names for `dtype`.
     Raises `FFIUnavailable` naming why when numba or the registration fails."""
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
@@ -57,17 +60,17 @@ def targets(dtype) -> tuple[str, str, str]:
 
 
 @functools.cache
-def _register(name: str) -> tuple[str, str, str]:
+def _register(name: str) -> tuple[str, str, str, str]:
     dtype = np.dtype(name)
     try:
         import jax
         from . import _lapack_kernels as kernels
         handlers = {"float64": (kernels.factor_f64, kernels.solve_f64,
-                                kernels.factor_where_f64),
+                                kernels.factor_where_f64, kernels.solve_where_f64),
                     "float32": (kernels.factor_f32, kernels.solve_f32,
-                                kernels.factor_where_f32)}[dtype.name]
+                                kernels.factor_where_f32, kernels.solve_where_f32)}[dtype.name]
         names = (f"daeadjoint_{dtype.name}_gbtrf", f"daeadjoint_{dtype.name}_gbtrs",
-                 f"daeadjoint_{dtype.name}_gbtrf_where")
+                 f"daeadjoint_{dtype.name}_gbtrf_where", f"daeadjoint_{dtype.name}_gbtrs_where")
         for name, fn in zip(names, handlers):
             capsule = jax.ffi.pycapsule(ctypes.cast(fn.address, ctypes.CFUNCTYPE(None)))
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")

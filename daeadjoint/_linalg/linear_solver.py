@@ -48,6 +48,8 @@ class AbstractLinearSolver(eqx.Module):
     - `setup_where(pred, state, residual, t, y, yp, cj, args) -> state` (optional):
       `setup` where `pred`, else `state`; the Newton iteration's refresh. Default: set up
       and select; a batched kernel may set up only the members with `pred`.
+    - `solve_where(pred, state, rhs, ...) -> (x, stats)` (optional): `solve` where `pred`,
+      elsewhere unspecified; the batched Newton iteration's solve. Default: `solve`.
     - `solve_failed(stats) -> bool`: whether the solve that returned `stats` missed its
       tolerance (iterative solvers; default never). Like IDAS, the Newton iteration
       accepts such a correction on its first iteration and fails (recoverably: a smaller
@@ -96,6 +98,15 @@ class AbstractLinearSolver(eqx.Module):
         those, `SparseLU`/`BandedLU`); this default sets up every member and selects."""
         new = self.setup(residual, t, y, yp, cj, args)
         return jax.tree_util.tree_map(lambda a, b: jnp.where(pred, a, b), new, state)
+
+    def solve_where(self, pred, state, rhs, *, transpose: bool = False, weights=None,
+                    operator=None):
+        """`solve(state, rhs, ...)` where `pred`; elsewhere the result is unspecified
+        (the caller drops it: a batch's members whose Newton iteration has ended). Under
+        `vmap` a solver may solve only the members with `pred` (the LAPACK band
+        kernel); this default solves every member."""
+        del pred
+        return self.solve(state, rhs, transpose=transpose, weights=weights, operator=operator)
 
     def auxiliary(self) -> "AbstractLinearSolver":
         return self

@@ -37,7 +37,7 @@ import numpy as np
 from jaxtyping import Array, Bool
 
 from .banded import (KERNELS, Kernel, band_singular, factor_band, factor_band_where,
-                     resolve_kernel, solve_band)
+                     resolve_kernel, solve_band, solve_band_where)
 from .jacobian import (Sparsity, assemble, check_pattern, colour_columns,
                         compressed_jacobian, detect_sparsity, pattern_mismatch, seeds)
 from .klu import klu_singular, klu_solve, klujax as _klujax
@@ -196,6 +196,14 @@ class SparseLU(AbstractLinearSolver):
         plan = _plan(self._sparsity_of(state), self.backend)
         x = solve_band(state, rhs[plan.perm], plan.permuted,   # P J Pᵀ (P x) = P rhs
                        resolve_kernel(self.kernel), transpose)
+        return x[plan.inverse], {}
+
+    def solve_where(self, pred, state, rhs, *, transpose=False, weights=None, operator=None):
+        if self.backend == "klu":
+            return self.solve(state, rhs, transpose=transpose)
+        plan = _plan(self._sparsity_of(state), self.backend)
+        x = solve_band_where(pred, state, rhs[plan.perm], plan.permuted,
+                             resolve_kernel(self.kernel), transpose)
         return x[plan.inverse], {}
 
     def _sparsity_of(self, state):
