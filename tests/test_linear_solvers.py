@@ -767,3 +767,67 @@ def test_heat_r5_1766_parameters(solver):
     assert abs(float(dp[1, 1] - dp[1, 0])) <= 1e-4 * 15.2178      # x ↔ y symmetry
     assert abs(float(du0[0] @ u0) - 2 * float(g[0])) <= 100 * 1e-6 * 2 * float(g[0])
     assert abs(float(du0[1] @ u0) - float(g[1])) <= 100 * 1e-6 * float(g[1])
+
+
+def test_band_solve_with_a_member_never_factorized_leaves_the_others_alone():
+    """Under `vmap`, a member whose band factors were never computed (the zeros a batched
+    step loop carries for a member whose initialization failed: pivot indices 0) solves
+    to NaN, and the other members' solutions are their own, bit for bit. gbtrs swaps
+    x(j) with x(ipiv(j)) unchecked: with pivot 0 it read and wrote the previous member's
+    right-hand side (or memory before the buffer)."""
+    from daeadjoint._linalg.banded import factor_band, solve_band, solve_band_where
+
+    pattern, values, rhs, _, _ = random_band_systems(37, 3, 1, 5, 2, seed=5)
+    factored = np.array([True, True, False, True, True])
+
+    def solved(where, ok, v, b):
+        state = factor_band(v, pattern, "lapack")
+        state = jax.tree_util.tree_map(lambda a: jnp.where(ok, a, jnp.zeros_like(a)), state)
+        if where:
+            return jax.vmap(lambda r: solve_band_where(True, state, r, pattern, "lapack"))(b)
+        return jax.vmap(lambda r: solve_band(state, r, pattern, "lapack"))(b)
+
+    own = jax.jit(jax.vmap(functools.partial(solved, False)))(
+        np.ones_like(factored), values, rhs)
+    for where in (False, True):
+        x = np.asarray(jax.jit(jax.vmap(functools.partial(solved, where)))(
+            factored, values, rhs))
+        assert np.array_equal(x[factored], np.asarray(own)[factored])
+        assert np.all(np.isnan(x[~factored]))
+
+
+def _heat_1d(t, y, yp, p):
+    """u' = p₀ u_xx − p₁ u² on (0, 1), u = 0 at both ends, 8 interior nodes: J
+    tridiagonal. p₀ = NaN makes the consistent initialization fail."""
+    up = jnp.pad(y, 1)
+    return yp - p[0] * (up[:-2] - 2 * y + up[2:]) * (y.shape[0] + 1) ** 2 + p[1] * y**2
+
+
+@pytest.mark.parametrize("solver", [pytest.param("banded", marks=SLOW), "sparse"])
+def test_vmap_with_a_nan_member_keeps_the_other_members_derivatives(solver):
+    """jit(vmap(jacfwd)) and jit(vmap(grad)) over a batch with a member whose parameter
+    is NaN (its initialization fails: it never sets up J, its band factors stay the
+    zeros the batched step loop starts from): every other member's derivatives are its
+    own unbatched ones, the NaN member's are NaN. The healthy members take the same
+    steps batched as alone, so they agree to rounding; 1e-9 relative is far above that
+    (and far below the O(1) of a member contaminated by its neighbour: NaN, before
+    the band solve checked its pivot indices)."""
+    ls = SOLVERS[solver]((1, 1))
+    u0 = jnp.sin(jnp.pi * jnp.linspace(0, 1, 10)[1:-1])
+
+    def ys(p):
+        return dae.solve(_heat_1d, 0.0, 0.5, u0, None, p, saveat=jnp.array([0.2, 0.5]),
+                         rtol=1e-8, atol=1e-10, linear_solver=ls, throw=False).ys
+
+    def objective(p):
+        y = ys(p)
+        return jnp.sum(y[0] ** 2) + jnp.sum(y[-1])
+
+    batch = jnp.array([[0.1, 1.0], [0.2, 0.5], [jnp.nan, 1.0], [0.05, 2.0]])
+    healthy = np.array([True, True, False, True])
+    for derivative in (jax.jacfwd(ys), jax.grad(objective)):
+        batched = np.asarray(jax.jit(jax.vmap(derivative))(batch))
+        alone = jax.jit(derivative)
+        for i in np.flatnonzero(healthy):
+            np.testing.assert_allclose(batched[i], alone(batch[i]), rtol=1e-9, atol=0)
+        assert np.all(np.isnan(batched[~healthy]))

@@ -149,6 +149,17 @@ def _solve(lu, ipiv, rhs, x, batch, n, w, kl, ku, transpose, double, pred, maske
     for b in range(batch):
         if masked and pred[b] == 0:
             continue
+        # gbtrs swaps x(j) with x(ipiv(j)) unchecked: pivots out of 1..n (factors never
+        # computed, as a batch member that failed before its first setup carries: zeros)
+        # would read and write the neighbouring member's right-hand sides, or outside the
+        # buffer. Such a member's solution is NaN instead.
+        valid = True
+        for i in range(n):
+            p = ipiv[b * n + i]
+            valid = valid and 1 <= p <= n
+        if not valid:
+            x[b * nrhs * n:(b + 1) * nrhs * n] = np.nan
+            continue
         args = (trans.ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes,
                 ints[3:].ctypes, lu[b * n * w:].ctypes, ints[4:].ctypes,
                 ipiv[b * n:].ctypes, x[b * nrhs * n:].ctypes, ints[5:].ctypes,
