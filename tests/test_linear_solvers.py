@@ -299,6 +299,28 @@ def test_klu_solve_primitive_batching_and_derivatives():
         check_grads(f, (values[0], rhs[0, 0]), order=1, modes=("fwd", "rev"))
 
 
+@KLU
+def test_klu_solve_with_a_member_never_set_up_leaves_the_others_alone():
+    """Under `vmap`, a member whose KLU state was never set up (the zero state a batched
+    step loop carries for a member whose initialization failed) still runs the batch's
+    solves: KLU stops the whole program on a zero matrix ("klu_factor failed"), so such
+    a member solves with the identity and the others get their own solutions, bit for
+    bit (each member is one KLU call on its own values)."""
+    pattern, values, rhs, _, reference = random_band_systems(6, 1, 2, 3, 4, seed=1)
+    ls = dae.SparseLU(pattern, backend="klu")
+    set_up = np.array([True, False, True])
+    blank = np.where(set_up[:, None], values, 0.0)
+
+    def solved(v, b):
+        return jax.vmap(lambda r: ls.solve((v, jnp.zeros((), bool)), r)[0])(b)
+
+    x = np.asarray(jax.jit(jax.vmap(solved))(blank, rhs))
+    own = np.asarray(jax.jit(jax.vmap(solved))(values, rhs))
+    assert np.array_equal(x[set_up], own[set_up])
+    np.testing.assert_allclose(own, reference(False), rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(x[~set_up], rhs[~set_up])
+
+
 def underdetermined(t, y, yp, args):
     """tests/test_failure_paths.py's singular DAE: y1 − y2 = t leaves y3 undetermined,
     so F_y + cj F_y' is singular for every step size (exactly: row 3 = (row 1 − row 2)/cj)."""
@@ -803,7 +825,8 @@ def _heat_1d(t, y, yp, p):
     return yp - p[0] * (up[:-2] - 2 * y + up[2:]) * (y.shape[0] + 1) ** 2 + p[1] * y**2
 
 
-@pytest.mark.parametrize("solver", [pytest.param("banded", marks=SLOW), "sparse"])
+@pytest.mark.parametrize("solver", [pytest.param("banded", marks=SLOW), "sparse",
+                                    pytest.param("klu", marks=[SLOW, KLU])])
 def test_vmap_with_a_nan_member_keeps_the_other_members_derivatives(solver):
     """jit(vmap(jacfwd)) and jit(vmap(grad)) over a batch with a member whose parameter
     is NaN (its initialization fails: it never sets up J, its band factors stay the

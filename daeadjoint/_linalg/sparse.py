@@ -214,7 +214,14 @@ class SparseLU(AbstractLinearSolver):
 
     def _solve_klu(self, state, rhs, transpose):
         plan = _plan(self._sparsity_of(state), "klu")
-        return klu_solve(plan, state[0], rhs, transpose)
+        values = state[0]
+        # A loop starts from a zero state, before any setup. Under `vmap` a member that
+        # never sets up (its initialization failed) still runs the batch's solves, and
+        # KLU would stop the whole program on its zero matrix; such a member solves with
+        # the identity instead (its results are discarded, its status already failed).
+        blank = jnp.all(values == 0, axis=-1, keepdims=True)
+        values = jnp.where(blank, jnp.asarray(plan.identity, values.dtype), values)
+        return klu_solve(plan, values, rhs, transpose)
 
     def is_singular(self, state) -> Bool[Array, ""]:
         if self.backend == "klu":
