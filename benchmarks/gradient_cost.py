@@ -1,7 +1,7 @@
 """The cost of a gradient on Robertson (issue 21, build item 3); prints Markdown.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/gradient_cost.py [--rounds 30]
-        [--baseline /path/to/other/checkout] [--loops]
+        [--baseline /path/to/other/checkout] [--loops] [--parts]
 
 dG/dp of G = ∫_0^4e10 y3 dt (`problems.robertson()`, rtol 1e-6, `Adjoint(atol=1e-8)`, as
 `small_peers.py`) against the forward solve (12 outputs) and pydiffsol's continuous
@@ -19,13 +19,20 @@ that both are timed in interleaved rounds):
   CPU runtime executes per trip, nested loops excluded) and the largest buffer one of
   them touches, nested loops included: XLA's CPU runtime runs a loop body sequentially
   in the calling thread when that is at most 512 bytes (or the body has at most 8
-  thunks), else on its task-graph executor.
+  thunks), else on its task-graph executor;
+- `--parts`: the backward pass split into the replays of the forward segments, the
+  integrations of the adjoint DAE (A) and the rest (restarts, each segment's setup, the
+  loops around them, the start and end of the pass), by timing in the same rounds two
+  more gradients of this tree whose backward pass runs every replay, or every
+  integration of (A), twice (`extra_pass_gradient`): the difference to the gradient is
+  the cost of that part.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import importlib
 import os
 import re
@@ -113,6 +120,34 @@ def attempts(dae, G) -> dict:
     return out
 
 
+def extra_pass_gradient(dae, G, kind: str):
+    """jit(grad(G)) whose backward pass runs each replay (kind "replay") or each
+    integration of (A) ("adjoint") twice, the second from the same inputs. Its result
+    is kept alive by a test that is never true (a NaN time), so that XLA does not remove
+    it as dead code; the gradient is unchanged. Compiled here, while `integrate` is
+    wrapped."""
+    mod = importlib.import_module(dae.__name__ + "._derivatives.adjoint")
+    orig = mod.integrate
+
+    def doubled(problem, state, *a, **k):
+        out = orig(problem, state, *a, **k)
+        if isinstance(problem.linear_solver, mod.AdjointSolver) != (kind == "adjoint"):
+            return out
+        again = orig(problem, state, *a, **k)
+        s = out[0]
+        s = dataclasses.replace(s, result=mod.RESULTS.where(
+            jnp.isnan(again[0].t), mod.RESULTS.adjoint_failed, s.result))
+        return (s,) + tuple(out[1:])
+
+    g = jax.jit(jax.grad(G))
+    mod.integrate = doubled
+    try:
+        out = np.asarray(g(P))
+    finally:
+        mod.integrate = orig
+    return g, out
+
+
 # ------------------------------------------------------------------ loop executors
 _BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "pred": 1, "s8": 1,
           "u8": 1, "f16": 2, "bf16": 2, "s16": 2, "c128": 16, "c64": 8}
@@ -195,6 +230,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--baseline", type=Path, default=None)
     ap.add_argument("--loops", action="store_true")
+    ap.add_argument("--parts", action="store_true")
     opt = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gradient_cost_"))
     trees = {"this tree": HERE.parent}
@@ -209,6 +245,12 @@ def main():
         fns[(label, "gradient")] = lambda g=g: jax.block_until_ready(g(P))
         fns[(label, "recording forward")] = lambda r=r: jax.block_until_ready(r(P))
         info[label] = dict(grad=np.asarray(g(P)), counts=attempts(dae, G))
+        if opt.parts and label == "this tree":
+            for kind in ("replay", "adjoint"):
+                gx, out = extra_pass_gradient(dae, programs(dae)[0], kind)
+                assert np.array_equal(out, info[label]["grad"]), (kind, out)
+                fns[(label, f"gradient, every {kind} twice")] = (
+                    lambda gx=gx: jax.block_until_ready(gx(P)))
         if opt.loops:
             info[label]["loops"] = loop_table(jax.jit(jax.grad(G)).lower(P).compile().as_text())
     try:
@@ -248,6 +290,20 @@ def main():
               f"{c['replay']['attempts']} | {c['adjoint']['attempts']} "
               f"({c['adjoint']['iterations']}, {c['adjoint']['jacobians']}) | "
               f"{1e3 * backward / max(c['adjoint']['attempts'], 1):.1f} |")
+    if opt.parts:
+        label = "this tree"
+        print("\n| CPU ms, of (median, fastest) | backward pass | replays | integrations of (A) "
+              "| rest |")
+        print("|---|---|---|---|---|")
+        for how, stat in (("median", statistics.median), ("fastest", min)):
+            m = {key: 1e3 * stat(cpu[(label, key)]) for key in
+                 ("gradient", "recording forward", "gradient, every replay twice",
+                  "gradient, every adjoint twice")}
+            backward = m["gradient"] - m["recording forward"]
+            parts = {kind: m[f"gradient, every {kind} twice"] - m["gradient"]
+                     for kind in ("replay", "adjoint")}
+            print(f"| {how} | {backward:.2f} | {parts['replay']:.2f} | {parts['adjoint']:.2f} | "
+                  f"{backward - parts['replay'] - parts['adjoint']:.2f} |")
     if ("pydiffsol", "adjoint") in fns:
         print(f"\npydiffsol adjoint ÷ this tree's gradient, wall: "
               f"{med[('pydiffsol', 'adjoint')] / med[('this tree', 'gradient')]:.2f}, CPU: "
