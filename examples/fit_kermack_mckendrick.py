@@ -16,7 +16,7 @@ from a tight solve (rtol 1e-10) plus Gaussian noise of standard deviation 0.05. 
 unknowns θ = (a, b, c, τ1, τ2) are fitted by their logarithms (positivity) from a start
 20–50 % off, minimizing ½ Σ (y(t_i; θ) − data_i)².
 
-`solve(..., delays=lambda p: p[3:])` takes the lags from the parameters, so `jax.grad`
+`solve(..., delays=lags)` with `lags(p) = p[3:]` takes the lags from the parameters, so `jax.grad`
 of the loss differentiates with respect to τ1 and τ2 like any other parameter (the
 variational delay equations, with the −y'(t − τ) ∂τ/∂p term; docs/delays.md). The whole
 optimization — L-BFGS with its zoom line search — is one compiled `lax.while_loop`.
@@ -57,9 +57,19 @@ def km(t, y, yp, y_lag, p):
     return yp - jnp.array([-y1 * lag1 + lag2, y1 * lag1 - y2, y2 - lag2])
 
 
+def lags(p):
+    """The two lags (τ1, τ2), taken from the parameters."""
+    return p[3:]
+
+
 def populations(p, ts, tol=1e-6, history_steps=1000):
-    """y at `ts` for p = (a, b, c, τ1, τ2); the constant history is y0 = (a, b, c)."""
-    return dae.solve(km, 0.0, float(ts[-1]), p[:3], args=p, delays=lambda p: p[3:],
+    """y at `ts` for p = (a, b, c, τ1, τ2); the constant history is y0 = (a, b, c).
+
+    Outside `jax.jit` (the data and the plots), `solve` reuses its compiled program for
+    the same residual, lag function, options and shapes; a new `lambda` per call would
+    be a new function, compiled again (docs/performance.md, "Compile once, call many
+    times")."""
+    return dae.solve(km, 0.0, float(ts[-1]), p[:3], args=p, delays=lags,
                      saveat=jnp.asarray(ts), rtol=tol, atol=tol,
                      history_steps=history_steps).ys
 
