@@ -5,6 +5,28 @@ import os
 # made a 144x144 LU 100x slower (80 ms vs 0.7 ms). Must be set before scipy loads.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+# Nearly all of the suite's time is XLA compiling the integrator's programs. One of XLA
+# CPU's own options cuts that by about a third: the older elemental kernel emitters
+# instead of the fusion emitters (Robertson's gradient: XLA's CPU seconds 29.4 -> 20.6,
+# its forward solve 5.7 -> 2.7; docs/performance.md "Compile once"). It changes how XLA
+# generates machine code, not what it computes, and costs no run time measurably; but
+# roundings differ in the last bits, which an adaptive solve carries into a slightly
+# different step sequence: results move within the solver's tolerance (Robertson's
+# y1(4e10) by 4e-4 relative at rtol 1e-6, atol 1e-10 on y1 ~ 5e-8), as under any
+# rounding perturbation, so every test's tolerance holds under it; the comparisons the
+# tests make bit for bit (batched against unbatched, one program against another) are
+# between programs compiled with the same option. (LLVM without optimization,
+# `--xla_backend_optimization_level=0`, would halve the compile time but made two
+# programs that do the same arithmetic round differently, and runs 2-3x slower.) It is
+# put first so that the caller's XLA_FLAGS win. DAEADJOINT_TEST_XLA_DEFAULTS=1 runs the
+# suite with XLA's defaults, as users compile; the example scripts always run so
+# (tests/test_examples.py removes the options listed in DAEADJOINT_TEST_ADDED_XLA_FLAGS),
+# and .ci/run also runs tests/test_forward.py with the defaults.
+if os.environ.get("DAEADJOINT_TEST_XLA_DEFAULTS") != "1":
+    _added = "--xla_cpu_use_fusion_emitters=false"
+    os.environ["DAEADJOINT_TEST_ADDED_XLA_FLAGS"] = _added
+    os.environ["XLA_FLAGS"] = f"{_added} {os.environ.get('XLA_FLAGS', '')}".strip()
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 

@@ -68,6 +68,10 @@ def test_example_runs_and_writes_its_figure(script, argv, figure, tmp_path):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["OPENBLAS_NUM_THREADS"] = "1"
     env["MPLBACKEND"] = "Agg"
+    # XLA's default compile options, as a user's run: not the faster ones conftest.py
+    # adds for the suite (the caller's own XLA_FLAGS are kept).
+    added = os.environ.get("DAEADJOINT_TEST_ADDED_XLA_FLAGS", "").split()
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if f not in added)
     proc = subprocess.run([sys.executable, str(EXAMPLES / script), *argv], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=600)
     output = (proc.stdout + proc.stderr)[-4000:]

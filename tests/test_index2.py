@@ -113,14 +113,36 @@ def test_tube_rtol_1e6():
 
 
 def test_tube_rtol_1e8_first_step_rtol():
-    """The Test Set's run: rtol = atol = 1e-8 and first step h0 = rtol, which IDA starts
-    and solves to 3.7 digits. Undeclared, the iteration matrix at h = 1e-8 has a pivot
-    ratio 8e-15 (the Schur complement of the pressures shrinks like h) and the solve
-    stops with `singular_matrix`; with `index2` its index-2 columns are scaled by cj and
-    it starts. Bound 3.5 digits: measured 3.6 (2253 steps), 0.1 digit under IDA's 3.7
-    reported in issue 24 — not yet at IDA's level."""
-    sol = _testset_solve(tube, 1e-8, first_step=1e-8)
-    assert tube.scd(np.asarray(sol.ys[-1])) >= 3.5
+    """The Test Set's run: rtol = atol = 1e-8 and first step h0 = rtol. Undeclared, the
+    iteration matrix at h = 1e-8 has a pivot ratio 8e-15 (the Schur complement of the
+    pressures shrinks like h) and the solve stops with `singular_matrix`; with `index2`
+    its index-2 columns are scaled by cj and it starts.
+
+    How many digits it keeps depends on where its steps land at the friction factors'
+    kinks (each tube's switch between laminar and turbulent flow): rtol changed by a few
+    1e-12 relative, or XLA's code generation changed, moves one run anywhere between 2.7
+    and 4.2 digits (2026-11-28, 22 runs; median 3.0–3.1), so one run is not a measure.
+    The check is over eight such perturbations in one compiled program: each run at
+    least 2.5 digits and their median at least 2.8 — regression bounds below that
+    spread. IDA's single run reported in issue 24 (3.7 digits) lies inside the spread;
+    our typical run is ~0.6 digit below it, and whether IDA's runs scatter as much was
+    not measured."""
+    y0, yp0 = tube.initial(tube.p)
+
+    @jax.jit
+    def final_state(rtol):
+        sol = dae.solve(tube.residual, tube.t0, tube.t1, y0, yp0, tube.params(),
+                        algebraic=tube.algebraic, index2=tube.index2, rtol=rtol, atol=rtol,
+                        first_step=1e-8, throw=False)
+        return sol.ys[-1], sol.result._value
+
+    digits = []
+    for k in range(-4, 4):
+        y, status = final_state(1e-8 * (1.0 + k * 1e-12))
+        assert int(status) == dae.RESULTS.successful._value
+        digits.append(tube.scd(np.asarray(y)))
+    assert min(digits) >= 2.5, digits
+    assert np.median(digits) >= 2.8, digits
 
 
 def test_krylov_small_first_step_fails_clearly():
