@@ -121,7 +121,7 @@ def test_tube_rtol_1e8_first_step_rtol():
     How many digits it keeps depends on where its steps land at the friction factors'
     kinks (each tube's switch between laminar and turbulent flow): rtol changed by a few
     1e-12 relative, or XLA's code generation changed, moves one run anywhere between 2.7
-    and 4.2 digits (2026-11-28, 22 runs; median 3.0–3.1), so one run is not a measure.
+    and 4.2 digits (2026-11-28, 30 runs; median 3.0–3.1), so one run is not a measure.
     The check is over eight such perturbations in one compiled program: each run at
     least 2.5 digits and their median at least 2.8 — regression bounds below that
     spread. IDA's single run reported in issue 24 (3.7 digits) lies inside the spread;
