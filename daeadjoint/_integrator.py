@@ -1487,6 +1487,49 @@ class StepRecorder(eqx.Module):
     def overflowed(self):
         return self.count > self.t.shape[0] - 1
 
+    def stage(self, limit: int) -> "StepRecorder | None":
+        """An empty recorder of this layout, recorded in the step loop (`per_step`), for
+        as many steps as keep each of its arrays within `limit` bytes; None where fewer
+        than two steps fit. Its node 0 is not written: `append` copies its steps into
+        this recorder. A step loop that carried this recorder instead would run on XLA's
+        thread pool once an array passed `LOOP_BYTES` (see `integrate`); the small one
+        keeps it sequential, and the copy runs once per `stage` steps."""
+        item, n = self.y.dtype.itemsize, self.y.shape[1]
+        # Node arrays have a row more than the per-step ones.
+        steps = limit // max(n * item, 1) - 1
+        if not self.hermite:
+            steps = min(steps, limit // (NPHI * n * item))
+        if steps < 2:
+            return None
+        return StepRecorder.create(steps, n, self.y.dtype, hermite=self.hermite,
+                                   per_step=True, log=self.h_step.shape[0] > 0)
+
+    def append(self, stage: "StepRecorder") -> "StepRecorder":
+        """These steps, then those `stage` (from `stage()`) recorded: the rows `record`
+        would have written for them, one scatter per array. Steps past the capacity are
+        dropped, not written over the last row as `record` does: either way
+        `overflowed()` reports them, and a replay that overflowed has failed."""
+        j = jnp.arange(stage.t.shape[0] - 1)
+        rows = self.t.shape[0]
+        # Row `rows` is out of bounds: the stage's unused rows are not written.
+        history = jnp.where(j < stage.count, self.count + j, rows)
+
+        def put(b, v, at):
+            return b.at[at].set(v, mode="drop")
+
+        new = dataclasses.replace(self, t=put(self.t, stage.t[1:], history + 1),
+                                  y=put(self.y, stage.y[1:], history + 1),
+                                  yp=put(self.yp, stage.yp[1:], history + 1),
+                                  count=self.count + stage.count)
+        if not self.hermite:
+            new = dataclasses.replace(new, phi=put(self.phi, stage.phi, history),
+                                      psi=put(self.psi, stage.psi, history),
+                                      k_used=put(self.k_used, stage.k_used, history))
+        if self.h_step.shape[0]:
+            new = dataclasses.replace(new, h_step=put(self.h_step, stage.h_step, history),
+                                      k_step=put(self.k_step, stage.k_step, history))
+        return new
+
     def due(self, s: State, passed) -> Bool[Array, ""]:
         return passed
 

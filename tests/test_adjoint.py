@@ -440,21 +440,15 @@ def _square_wave_decay(t, y, yp, a):
     return yp + a * y - jnp.where(jnp.mod(t, 1.0) < 0.5, 1.0, -1.0)
 
 
-def test_every_replayed_segment_repeats_the_forward_steps(monkeypatch):
-    """The backward pass replays each checkpoint segment; its steps must be the forward
-    run's, bit for bit. The replay used to stop at the segment's end (tstop), which
-    shortened every attempt that overshot it: the forward run had tried those and,
-    failing, chosen other steps. Here 38 of 168 segments of a square-wave-driven decay
-    came out different (and on the Test Set's NAND gate at rtol 1e-8 a replay
-    overflowed its buffer, so the gradient was NaN)."""
+def _square_wave_forward(every, monkeypatch):
+    """The recording forward run of `_square_wave_decay` over 0 … 10 (rtol 1e-8,
+    checkpoints every `every` steps), every step kept too: (dense steps, the recording,
+    the problem a replay integrates, its max_steps)."""
     import dataclasses
 
     import daeadjoint._solve as solve_module
-    from daeadjoint._derivatives.adjoint import replay_segment
     from daeadjoint._core import build_problem, run_forward
-    from daeadjoint._integrator import StepRecorder, segment_capacity
 
-    every = 10
     got = {}
 
     class Captured(Exception):
@@ -464,21 +458,36 @@ def test_every_replayed_segment_repeats_the_forward_steps(monkeypatch):
         got.update(config=config, inputs=inputs)
         raise Captured
 
-    monkeypatch.setattr(solve_module, "_solve_compiled", capture)
-    with pytest.raises(Captured):
-        dae.solve(_square_wave_decay, 0.0, 10.0, jnp.ones(1), args=jnp.asarray(3.0),
-                  rtol=1e-8, atol=1e-8, sensitivity=dae.Adjoint(checkpoint_every=every))
+    with monkeypatch.context() as m:
+        m.setattr(solve_module, "_solve_compiled", capture)
+        with pytest.raises(Captured):
+            dae.solve(_square_wave_decay, 0.0, 10.0, jnp.ones(1), args=jnp.asarray(3.0),
+                      rtol=1e-8, atol=1e-8, sensitivity=dae.Adjoint(checkpoint_every=every))
     config = dataclasses.replace(got["config"], dense=1)   # also keep every step
     core, rec = jax.jit(lambda i: run_forward(config, i, record=True))(got["inputs"])
-    steps, cks = core.dense, rec.checkpoints
     problem = build_problem(config, dataclasses.replace(got["inputs"], y0=rec.y0, yp0=rec.yp0))
+    return core.dense, rec, problem, config.max_steps
+
+
+def test_every_replayed_segment_repeats_the_forward_steps(monkeypatch):
+    """The backward pass replays each checkpoint segment; its steps must be the forward
+    run's, bit for bit. The replay used to stop at the segment's end (tstop), which
+    shortened every attempt that overshot it: the forward run had tried those and,
+    failing, chosen other steps. Here 38 of 168 segments of a square-wave-driven decay
+    came out different (and on the Test Set's NAND gate at rtol 1e-8 a replay
+    overflowed its buffer, so the gradient was NaN)."""
+    from daeadjoint._derivatives.adjoint import replay_segment
+    from daeadjoint._integrator import StepRecorder, segment_capacity
+
+    every = 10
+    steps, rec, problem, max_steps = _square_wave_forward(every, monkeypatch)
+    cks = rec.checkpoints
     buf0 = StepRecorder.create(segment_capacity(every), 1, jnp.float64)
 
     @jax.jit
     def replay(i):
         ck = jax.tree_util.tree_map(lambda x: x[i], cks.states)
-        return replay_segment(problem, ck, i, cks.states.t[i + 1], rec.yp0, buf0,
-                              config.max_steps)
+        return replay_segment(problem, ck, i, cks.states.t[i + 1], rec.yp0, buf0, max_steps)
 
     n_full = int(steps.count) // every   # segments that end on a checkpoint
     assert n_full > 100
@@ -489,6 +498,47 @@ def test_every_replayed_segment_repeats_the_forward_steps(monkeypatch):
         if not (bool(ok) and int(buf.count) == every
                 and np.array_equal(buf.t[:every + 1], steps.t[span])
                 and np.array_equal(buf.y[:every + 1], steps.y[span])):
+            differ.append(i)
+    assert differ == []
+
+
+@pytest.mark.parametrize("hermite, limit", [(True, 32), (False, 150)], ids=["hermite", "bdf"])
+def test_staged_replay_records_what_the_unstaged_one_does(hermite, limit, monkeypatch):
+    """A replay records its steps into a small stage in the step loop and appends the
+    stage to the segment's buffer every few steps (`StepRecorder.stage`, `append`).
+    With a stage of 3 steps here (each of its arrays within `limit` bytes), every
+    segment of 10 steps (with error-test failures at the square wave's kinks) spans
+    four stages; the buffer must hold exactly what recording every step into it
+    (no stage: a limit of 0) gives, nodes, BDF histories and step log alike."""
+    from daeadjoint._derivatives import adjoint as adjoint_module
+    from daeadjoint._integrator import StepRecorder, segment_capacity
+
+    every = 10
+    steps, rec, problem, max_steps = _square_wave_forward(every, monkeypatch)
+    cks = rec.checkpoints
+    buf0 = StepRecorder.create(segment_capacity(every), 1, jnp.float64, hermite=hermite,
+                               per_step=False, log=True)
+    assert buf0.stage(limit).t.shape[0] - 1 == 3 and buf0.stage(0) is None
+
+    def replayer(stage_limit):
+        """The replay compiled with the stage's size limit `stage_limit` (read while
+        tracing; a new function each time, so that nothing traced is reused)."""
+        def replay(i):
+            ck = jax.tree_util.tree_map(lambda x: x[i], cks.states)
+            return adjoint_module.replay_segment(problem, ck, i, cks.states.t[i + 1], rec.yp0,
+                                                 buf0, max_steps)
+
+        monkeypatch.setattr(adjoint_module, "SEQUENTIAL_BUFFER_BYTES", stage_limit)
+        return jax.jit(replay).lower(jnp.int32(0)).compile()
+
+    staged, unstaged = replayer(limit), replayer(0)
+    n_full = int(steps.count) // every
+    differ = []
+    for i in range(n_full):
+        a, b = staged(jnp.int32(i)), unstaged(jnp.int32(i))
+        if not (bool(a[1]) and int(a[0].count) == every and all(
+                np.array_equal(x, y) for x, y in zip(jax.tree_util.tree_leaves(a),
+                                                     jax.tree_util.tree_leaves(b)))):
             differ.append(i)
     assert differ == []
 

@@ -593,6 +593,13 @@ def index2_at_t0(config, inputs, split, y0, yp0, sbar, spbar, w, pbar, unravel, 
 # ------------------------------------------------------------ the backward pass
 
 
+# XLA's CPU runtime runs a loop body's operations one after another in the calling
+# thread only while every buffer each of them reads or writes is at most this many bytes;
+# past it, every trip of the loop goes through its task-graph executor, several times
+# slower per operation for small problems (`integrate`, docs/performance.md).
+SEQUENTIAL_BUFFER_BYTES = 512
+
+
 def _empty_outputs(ts_dtype, n, nq):
     return Outputs.create(jnp.zeros((0,), ts_dtype), n, nq, 0, 0, ts_dtype)
 
@@ -614,8 +621,33 @@ def replay_segment(problem_fwd: Problem, ck, c, t_next, yp0, buf0, max_steps):
     _, yp_start = StepRecorder._node(st)
     yp_start = jnp.where(c == 0, yp0, yp_start)
     n, nq = st.phi.shape[1], st.phiq.shape[1]
-    st, _, (rec,), _ = integrate(prob, st, _empty_outputs(st.phi.dtype, n, nq), t_next,
-                                 max_steps, (buf0.start(st, yp_start),))
+    empty = _empty_outputs(st.phi.dtype, n, nq)
+    rec = buf0.start(st, yp_start)
+    # Given to `integrate` itself, the segment's buffer (2.6 kB at n = 3) is recorded by
+    # its outer loop after every step, and that loop runs on XLA's thread pool (see
+    # `SEQUENTIAL_BUFFER_BYTES`). Instead the step loop records into a stage of at most
+    # that size, and `integrate` stops every `steps` accepted steps (`until`: the same
+    # steps as one call) for the stage to be appended to the buffer. Not for a batch,
+    # whose step loop is on the thread pool anyway and whose loop around the chunks would
+    # select every member's carry on every trip.
+    batched = prob.batched or is_batched((prob, st, t_next))
+    stage = None if batched else rec.stage(SEQUENTIAL_BUFFER_BYTES)
+    if stage is None:
+        st, _, (rec,), _ = integrate(prob, st, empty, t_next, max_steps, (rec,))
+    else:
+        steps = stage.t.shape[0] - 1
+
+        def cond(carry):
+            s, _ = carry
+            return (s.t < t_next) & (s.result == RESULTS.successful)
+
+        def body(carry):
+            s, rec = carry
+            s, _, (staged,), _ = integrate(prob, s, empty, t_next, max_steps, (stage,),
+                                           until=s.stats["num_steps"] + steps)
+            return s, rec.append(staged)
+
+        st, rec = jax.lax.while_loop(cond, body, (st, rec))
     ok = (st.result == RESULTS.successful) & ~rec.overflowed()
     return rec, ok
 
@@ -774,13 +806,6 @@ def rebase(c: _Sweep) -> _Sweep:
     d = jnp.where(jnp.abs(c.t_cur) < t_r - c.t_cur, -t_r, 0.0).astype(adj.t.dtype)
     adj = eqx.tree_at(lambda a: (a.t, a.jac_point[0]), adj, (adj.t + d, adj.jac_point[0] + d))
     return c._replace(adj=adj, t_r=t_r + d)
-
-
-# XLA's CPU runtime runs a loop body's operations one after another in the calling
-# thread only while every buffer each of them reads or writes is at most this many bytes;
-# past it, every trip of the loop goes through its task-graph executor, several times
-# slower per operation for small problems (`integrate`, docs/performance.md).
-SEQUENTIAL_BUFFER_BYTES = 512
 
 
 class _Nodes(eqx.Module):
