@@ -1337,8 +1337,12 @@ def write_output_rows(s: State, out: Outputs, t_limit=None, passed=True) -> Outp
         i = jnp.minimum(o.index, n_save - 1)
         w = derivative_weights(o.ts[i], s.t, s.psi, s.k_used, order)
 
+        # A member with no row due writes past the end (dropped): no read of the row
+        # to write it back unchanged.
+        row = jnp.where(do, i, n_save)
+
         def put(buf, new):
-            return buf.at[i].set(jnp.where(do, new, buf[i]))
+            return buf.at[row].set(new, mode="drop")
 
         new = dict(yd=put(o.yd, _weighted_rows(w, s.phi)),
                    index=o.index + do.astype(jnp.int32))
