@@ -71,8 +71,15 @@ def instruction_phases(prog: ps.Program) -> dict:
         sf = re.search(r"stack_frame_id=(\d+)", rest)
         stack = prog.funcs(int(sf.group(1))) if sf else []
         phase = ps.phase_of(stack) if stack or op == "copy" else "other XLA operations (no source)"
-        out[m.group(1)] = (op, phase, rest)
+        out[m.group(1)] = (op, phase, rest, stack)
     return out
+
+
+def where(stack, frames: int = 2) -> str:
+    """The innermost `frames` daeadjoint source lines of a call stack (file:line)."""
+    ours = [f"{Path(f).name}:{line}" for f, _, line in stack if "daeadjoint" in f
+            and "benchmarks" not in f]
+    return " < ".join(ours[:frames]) or "no source"
 
 
 def loop_instructions(prog: ps.Program) -> dict:
@@ -159,7 +166,7 @@ def profile(label, fn, x, repeats, top):
         by_phase[phases[name][1]] += dur
         count[phases[name][1]] += 1
         per_instr[name] += dur
-    ynn = sum(1 for op, _, rest in phases.values() if "__ynn_fusion" in rest)
+    ynn = sum(1 for op, _, rest, _ in phases.values() if "__ynn_fusion" in rest)
     st = trips.get("step loop", 0)
     print(f"\n## {label}\n")
     newton = (f"Newton iterations {trips['newton_solve']} "
@@ -193,9 +200,9 @@ def profile(label, fn, x, repeats, top):
     if top:
         print(f"\nthe {top} dearest thunks (µs per run, profiled):\n")
         for name, v in per_instr.most_common(top):
-            _, phase, rest = phases[name]
-            print(f"- {name} ({phase}): {v / 1e3 / runs[name]:.2f} µs × {runs[name]} — "
-                  f"{rest[:110]}")
+            _, phase, rest, stack = phases[name]
+            print(f"- {name} ({phase}; {where(stack)}): {v / 1e3 / runs[name]:.2f} µs × "
+                  f"{runs[name]} — {rest[:80]}")
 
 
 def main():

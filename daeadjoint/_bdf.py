@@ -194,17 +194,20 @@ def derivative_weights(t, t_n, psi, k_used, order: int) -> Float[Array, "order+1
     rows: it runs inside the step loop, where a nested loop costs more than the
     arithmetic.)
     """
-    k_ord = jnp.maximum(k_used, 1)
     delta = t - t_n
     m = jnp.arange(order + 1).astype(psi.dtype)
+    # The factors g_1..g_5 and the rows in use as one vector each (the same values as
+    # row by row): under `vmap` every scalar-per-member operation of its own is an
+    # operation of the batched step loop.
+    psi_prev = jnp.concatenate([jnp.zeros((1,), psi.dtype), psi[:NPHI - 2]])
+    g = (delta + psi_prev) / psi[:NPHI - 1]
+    used = _ORDERS <= jnp.maximum(k_used, 1)
     prev = jnp.zeros((order + 1,), psi.dtype).at[0].set(1.0)
     rows = [prev]
     for j in range(1, NPHI):
-        psi_prev = psi[j - 2] if j >= 2 else 0.0
-        g = (delta + psi_prev) / psi[j - 1]
         lower = jnp.concatenate([jnp.zeros((1,), prev.dtype), prev[:-1]])
-        prev = prev * g + m * lower / psi[j - 1]
-        rows.append(jnp.where(j <= k_ord, prev, 0.0))
+        prev = prev * g[j - 1] + m * lower / psi[j - 1]
+        rows.append(jnp.where(used[j], prev, 0.0))
     return jnp.stack(rows, axis=1)
 
 

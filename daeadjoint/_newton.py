@@ -115,9 +115,8 @@ class _Iteration(NamedTuple):
     fail_kind: jax.Array
     lin_failed_any: jax.Array  # an inexact linear solve missed its tolerance
     mask: jax.Array            # F_y' (a∘r) ≠ 0 at a setup
-    nre: jax.Array             # residual evaluations, Jacobian setups, iterations
+    nre: jax.Array             # residual evaluations (= iterations), Jacobian setups
     nje: jax.Array
-    nni: jax.Array
     lin_stats: dict
 
 
@@ -147,7 +146,7 @@ def idle_iteration(y, linear_solver) -> _Iteration:
         lin=None, jac_point=None, cj_old=jnp.ones((), y.dtype), jcur=jnp.zeros((), bool),
         setup=jnp.zeros((), bool), status=jnp.ones((), jnp.int32), fail_kind=zero,
         lin_failed_any=jnp.zeros((), bool), mask=jnp.zeros((), bool), nre=zero, nje=zero,
-        nni=zero, lin_stats={k: zero for k in linear_solver.stat_names})
+        lin_stats={k: zero for k in linear_solver.stat_names})
 
 
 def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
@@ -292,7 +291,7 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
             ss=ss_, lin=lin, jac_point=jac_point, cj_old=cj_old_, jcur=jcur & ~retry, setup=retry,
             status=status, fail_kind=fail_kind.astype(int_), lin_failed_any=lin_failed_any,
             mask=mask,
-            nre=c.nre + 1, nje=c.nje + do_setup.astype(int_), nni=c.nni + 1,
+            nre=c.nre + 1, nje=c.nje + do_setup.astype(int_),
             lin_stats={k: c.lin_stats[k] + lin_stats[k] for k in c.lin_stats},
         )
 
@@ -302,7 +301,6 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         lin=lin_state, jac_point=jac_point, cj_old=cj_old, jcur=jnp.zeros((), bool), setup=force_setup,
         status=zero, fail_kind=zero, lin_failed_any=jnp.zeros((), bool),
         mask=jnp.zeros((), bool), nre=zero, nje=zero,
-        nni=zero,
         lin_stats={k: zero for k in linear_solver.stat_names},
     )
     pending = carry = None
@@ -334,6 +332,6 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
     return NewtonResult(
         ee=out.ee, converged=out.status == 1, fail_kind=out.fail_kind,
         lin_state=out.lin, jac_point=cast(tuple, out.jac_point), cj_old=out.cj_old, ss=out.ss,
-        num_residual_evals=out.nre, num_jacobian_evals=out.nje, num_iters=out.nni,
+        num_residual_evals=out.nre, num_jacobian_evals=out.nje, num_iters=out.nre,
         linear_stats=out.lin_stats, mask_violated=out.mask, pending=pending, carry=carry,
     )

@@ -281,8 +281,18 @@ def _gauss_jordan_inverse(a):
     at = rows[:, None]
     pivots = []
     for j in range(n):
-        p = jnp.argmax(jnp.where(rows >= j, jnp.abs(m[:, j]), -1.0))
-        rj, rp = m[j], m[p]
+        # p = argmax_{i ≥ j} |m_ij| (the first of equals; a NaN counts as the largest, as
+        # in `jnp.argmax`) and its row, unrolled over the rows: elementwise, where an
+        # argmax and a gather are operations of their own (under `vmap`, of every
+        # batched Newton iteration that sets J up).
+        col = jnp.abs(m[:, j])
+        p, best, rp = jnp.asarray(j, rows.dtype), col[j], m[j]
+        for i in range(j + 1, n):
+            take = (col[i] > best) | (jnp.isnan(col[i]) & ~jnp.isnan(best))
+            p = jnp.where(take, i, p)
+            best = jnp.where(take, col[i], best)
+            rp = jnp.where(take, m[i], rp)
+        rj = m[j]
         # Rows p and j swapped and row j divided by the pivot, by selects: elementwise
         # (one fused operation, fewer instructions to compile than row updates).
         piv = rp[j]
