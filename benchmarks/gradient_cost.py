@@ -1,7 +1,7 @@
 """The cost of a gradient on Robertson (issue 21, build item 3); prints Markdown.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/gradient_cost.py [--rounds 30]
-        [--baseline /path/to/other/checkout] [--loops] [--parts]
+        [--baseline /path/to/other/checkout] [--loops] [--parts] [--keep-bytes 0,262144]
 
 dG/dp of G = ∫_0^4e10 y3 dt (`problems.robertson()`, rtol 1e-6, `Adjoint(atol=1e-8)`, as
 `small_peers.py`) against the forward solve (12 outputs) and pydiffsol's continuous
@@ -26,6 +26,8 @@ that both are timed in interleaved rounds):
   more gradients of this tree whose backward pass runs every replay, or every
   integration of (A), twice (`extra_pass_gradient`): the difference to the gradient is
   the cost of that part.
+- `--keep-bytes B1,B2,...`: time each version with `Adjoint(keep_bytes=B)` for every B
+  given (interleaved in the same rounds), instead of with the version's default.
 """
 
 from __future__ import annotations
@@ -68,15 +70,18 @@ def load(name: str, tree: Path, tmp: Path):
     return importlib.import_module(name)
 
 
-def programs(dae):
+def programs(dae, keep_bytes=None):
     res = problems.jax_residual(PROB)
     y0, atol, ts = jnp.asarray(PROB.y0), jnp.asarray(PROB.atol), jnp.asarray(PROB.ts)
+
+    adjoint = (dae.Adjoint(atol=1e-8) if keep_bytes is None
+               else dae.Adjoint(atol=1e-8, keep_bytes=keep_bytes))
 
     def G(p):
         sol = dae.solve(res, PROB.t0, PROB.t1, y0, PROB.yp0(p, problems.JAX), p,
                         saveat=jnp.reshape(PROB.t1, (1,)), algebraic=PROB.algebraic,
                         rtol=PROB.rtol, atol=atol, quadrature=lambda t, y, yp, p: y[2:3],
-                        max_steps=peers.MAX_STEPS, sensitivity=dae.Adjoint(atol=1e-8))
+                        max_steps=peers.MAX_STEPS, sensitivity=adjoint)
         return sol.qs[-1, 0]
 
     def F(p):
@@ -231,23 +236,31 @@ def main():
     ap.add_argument("--baseline", type=Path, default=None)
     ap.add_argument("--loops", action="store_true")
     ap.add_argument("--parts", action="store_true")
+    ap.add_argument("--keep-bytes", type=str, default=None,
+                    help="comma-separated Adjoint(keep_bytes=...) values to compare")
     opt = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gradient_cost_"))
     trees = {"this tree": HERE.parent}
     if opt.baseline is not None:
         trees = {"baseline": opt.baseline, **trees}
+    keeps = [None] if opt.keep_bytes is None else [int(b) for b in opt.keep_bytes.split(",")]
     fns, info = {}, {}
-    for k, (label, tree) in enumerate(trees.items()):
+    versions = {}
+    for k, (name, tree) in enumerate(trees.items()):
         dae = load(f"_dae_version{k}", tree, tmp)
-        G, F = programs(dae)
+        for kb in keeps:
+            label = name if kb is None else f"{name}, keep_bytes={kb}"
+            versions[label] = (name, dae, kb)
+    for label, (name, dae, kb) in versions.items():
+        G, F = programs(dae, kb)
         f, g, r = jax.jit(F), jax.jit(jax.grad(G)), jax.jit(lambda p, G=G: jax.vjp(G, p)[0])
         fns[(label, "forward")] = lambda f=f: jax.block_until_ready(f(P))
         fns[(label, "gradient")] = lambda g=g: jax.block_until_ready(g(P))
         fns[(label, "recording forward")] = lambda r=r: jax.block_until_ready(r(P))
         info[label] = dict(grad=np.asarray(g(P)), counts=attempts(dae, G))
-        if opt.parts and label == "this tree":
+        if opt.parts and name == "this tree":
             for kind in ("replay", "adjoint"):
-                gx, out = extra_pass_gradient(dae, programs(dae)[0], kind)
+                gx, out = extra_pass_gradient(dae, programs(dae, kb)[0], kind)
                 assert np.array_equal(out, info[label]["grad"]), (kind, out)
                 fns[(label, f"gradient, every {kind} twice")] = (
                     lambda gx=gx: jax.block_until_ready(gx(P)))
@@ -282,7 +295,7 @@ def main():
     print("\n| version | gradient ÷ forward, wall (CPU) | backward, CPU ms | replay attempts "
           "| adjoint attempts (iterations, Jacobians) | backward µs per adjoint attempt, CPU |")
     print("|---|---|---|---|---|---|")
-    for label in trees:
+    for label in versions:
         backward = cmed[(label, "gradient")] - cmed[(label, "recording forward")]
         c = info[label]["counts"]
         print(f"| {label} | {med[(label, 'gradient')] / med[(label, 'forward')]:.2f} "
@@ -290,10 +303,9 @@ def main():
               f"{c['replay']['attempts']} | {c['adjoint']['attempts']} "
               f"({c['adjoint']['iterations']}, {c['adjoint']['jacobians']}) | "
               f"{1e3 * backward / max(c['adjoint']['attempts'], 1):.1f} |")
-    if opt.parts:
-        label = "this tree"
-        print("\n| CPU ms, of (median, fastest) | backward pass | replays | integrations of (A) "
-              "| rest |")
+    for label in (v for v in versions if versions[v][0] == "this tree" and opt.parts):
+        print(f"\n| CPU ms ({label}), of (median, fastest) | backward pass | replays "
+              "| integrations of (A) | rest |")
         print("|---|---|---|---|---|")
         for how, stat in (("median", statistics.median), ("fastest", min)):
             m = {key: 1e3 * stat(cpu[(label, key)]) for key in
@@ -304,18 +316,20 @@ def main():
                      for kind in ("replay", "adjoint")}
             print(f"| {how} | {backward:.2f} | {parts['replay']:.2f} | {parts['adjoint']:.2f} | "
                   f"{backward - parts['replay'] - parts['adjoint']:.2f} |")
+    labels = list(versions)
     if ("pydiffsol", "adjoint") in fns:
-        print(f"\npydiffsol adjoint ÷ this tree's gradient, wall: "
-              f"{med[('pydiffsol', 'adjoint')] / med[('this tree', 'gradient')]:.2f}, CPU: "
-              f"{cmed[('pydiffsol', 'adjoint')] / cmed[('this tree', 'gradient')]:.2f}")
-    for label in trees:
+        mine = labels[-1]
+        print(f"\npydiffsol adjoint ÷ {mine}'s gradient, wall: "
+              f"{med[('pydiffsol', 'adjoint')] / med[(mine, 'gradient')]:.2f}, CPU: "
+              f"{cmed[('pydiffsol', 'adjoint')] / cmed[(mine, 'gradient')]:.2f}")
+    for label in versions:
         print(f"\ndG/dp ({label}): {info[label]['grad']!r}")
-    if opt.baseline is not None:
-        a, b = info["baseline"]["grad"], info["this tree"]["grad"]
-        print(f"bit-identical: {np.array_equal(a, b)}; max relative difference "
-              f"{np.max(np.abs(b / a - 1)):.2e}")
+    for other in labels[1:]:
+        a, b = info[labels[0]]["grad"], info[other]["grad"]
+        print(f"{other} vs {labels[0]}: bit-identical: {np.array_equal(a, b)}; max relative "
+              f"difference {np.max(np.abs(b / a - 1)):.2e}")
     if opt.loops:
-        for label in trees:
+        for label in versions:
             print(f"\nWhile loops of the compiled gradient ({label}): depth, thunks, largest "
                   "buffer touched (bytes), executor")
             for depth, thunks, worst, seq in info[label]["loops"]:

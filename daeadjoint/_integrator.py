@@ -1124,9 +1124,16 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
         return jnp.where(out.index < n_save, jnp.minimum(t_next, t_end), t_end)
 
     # Recorders writing every step stay in the step loop; sparse ones (checkpoints)
-    # make the step loop stop when they are due and record in the outer loop.
-    sparse = tuple(not getattr(r, "per_step", True) for r in recorders)
+    # make the step loop stop when they are due and record in the outer loop. A staged
+    # one (`staged = True`: a kept trajectory, too large for the step loop) records into
+    # a small stage of its own (`new_stage()`) in the step loop, which stops when the
+    # stage is full (`full()`); the outer loop appends the stage (`append`).
+    staged = tuple(getattr(r, "staged", False) for r in recorders)
+    sparse = tuple(not getattr(r, "per_step", True) and not st
+                   for r, st in zip(recorders, staged))
     due_checks = [r for r, sp in zip(recorders, sparse) if sp]
+    stage_at = tuple(i for i, st in enumerate(x for x, sp in zip(staged, sparse) if not sp)
+                     if st)
 
     def step_cond(carry):
         s, _, _, t_target, flush = carry
@@ -1140,6 +1147,8 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
         for r in due_checks:   # `due` reads only static fields (e.g. `every`)
             flush = flush | r.due(s, passed)
         recs = tuple(r.record(s, passed) for r in recs)
+        for i in stage_at:
+            flush = flush | recs[i].full()
         _report_progress(problem, s, passed, t_end)
         s = _step_status(s, passed, recs, ev, t_end, max_steps)
         return s, recs, ev, t_target, flush
@@ -1149,14 +1158,17 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
 
     def outer_body(carry):
         s, out, recs, ev = carry
-        inner = tuple(r for r, sp in zip(recs, sparse) if not sp)
+        inner = tuple(r.new_stage() if st else r
+                      for r, sp, st in zip(recs, sparse, staged) if not sp)
         outer = [r for r, sp in zip(recs, sparse) if sp]
         s, inner, ev, _, flush = jax.lax.while_loop(
             step_cond, step_body, (s, inner, ev, next_output(out), jnp.zeros((), bool)))
         it_inner, it_outer = iter(inner), iter(outer)
-        # `flush`: the last step was accepted and a checkpoint is due after it.
-        recs = tuple(next(it_outer).record(s, flush) if sp else next(it_inner)
-                     for sp in sparse)
+        # `flush`: the last step was accepted and a checkpoint is due after it (or a
+        # stage is full: `record` checks again whether it is due).
+        recs = tuple(next(it_outer).record(s, flush) if sp
+                     else r.append(next(it_inner)) if st else next(it_inner)
+                     for r, sp, st in zip(recs, sparse, staged))
         # The rows due now all lie in the last step (the inner loop stops at the first
         # step that passes the next output time), or at the start time (before the
         # first step; interpolated there from the initial history, which gives y0, y'0).

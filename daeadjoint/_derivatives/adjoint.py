@@ -81,9 +81,11 @@ from .tangents import _restrict, reverse_tangents_at_t0
 Interpolation = Literal["hermite", "bdf"]
 
 # `Adjoint(keep_bytes=...)`'s default: none. Keeping Robertson's 987 steps (256 KiB)
-# made its gradient slower, not faster (10.8 → 15.1 ms, fastest of 40, quiet machine):
-# the recording forward pays an outer-loop trip per step, and the backward pass got
-# slower too, for reasons not yet measured (docs/performance.md).
+# made its gradient slower while the outer loop recorded every step (10.8 → 15.1 ms,
+# fastest of 40, quiet machine); recorded through a stage in the step loop it is faster
+# than the replay (24.2 against 31.1 ms CPU median, one interleaved run at load ~3.2:
+# docs/performance.md), but that is one loaded run and large systems were not
+# measured, so the default is unchanged until both are.
 KEEP_BYTES = 0
 
 
@@ -94,20 +96,23 @@ class TrajectoryRecorder(eqx.Module):
     replaying it (`segment_steps`). The node values are those a replay from checkpoint
     i records (`StepRecorder`): the replay repeats the forward steps bit for bit.
 
-    Recorded by `integrate`'s outer loop (`per_step = False`, due after every accepted
-    step), so the step loop never carries the buffer and stays on XLA's sequential
-    executor for small systems; the outer loop's trip per step costs less than the
-    replay it saves (Robertson: docs/performance.md, "Gradients: time and memory")."""
+    Staged (`integrate`): the step loop records the nodes into a small stage
+    (`TrajectoryStage`, arrays of at most `SEQUENTIAL_BUFFER_BYTES`) and stops when it
+    is full, and the outer loop appends the stage here — so the step loop never carries
+    this buffer and stays on XLA's sequential executor for small systems, and the outer
+    loop runs once per stage, not once per step, as the replay's stage does
+    (`replay_segment`). Under a batch (`_integrate_flat`) `record` writes each step."""
 
     t: Float[Array, " R"]
     y: Float[Array, "R n"]
     yp: Float[Array, "R n"]
-    steps: Int[Array, ""]              # accepted steps of the run so far
+    steps: Int[Array, ""]              # nodes kept so far, less node 0 (≤ steps_kept)
 
     # Rows past the kept nodes, so that a segment's buffer (`segment_capacity` + 1
     # rows) is one slice from its start node at every kept segment.
     MARGIN = segment_capacity(0)
     per_step = False
+    staged = True
 
     @classmethod
     def create(cls, state: State, yp0, steps_kept: int):
@@ -131,7 +136,25 @@ class TrajectoryRecorder(eqx.Module):
         y, yp = StepRecorder._node(s)
         t, y, yp = _write_slot((self.t, self.y, self.yp), jnp.minimum(m, self.steps_kept),
                                (s.t, y, yp), do)
-        return TrajectoryRecorder(t=t, y=y, yp=yp, steps=self.steps + passed.astype(jnp.int32))
+        return TrajectoryRecorder(t=t, y=y, yp=yp, steps=self.steps + do.astype(jnp.int32))
+
+    def new_stage(self) -> "TrajectoryStage":
+        """An empty stage for the step loop (`integrate`)."""
+        n, dtype = self.y.shape[1], self.y.dtype
+        rows = max(SEQUENTIAL_BUFFER_BYTES // max(n * dtype.itemsize, 1), 3)
+        return TrajectoryStage(StepRecorder.create(rows - 1, n, dtype), self.steps_kept)
+
+    def append(self, stage: "TrajectoryStage") -> "TrajectoryRecorder":
+        """These nodes, then those of `stage`: the rows `record` would have written."""
+        node = stage.node
+        j = jnp.arange(node.t.shape[0] - 1)
+        at = jnp.where(j < node.count, self.steps + 1 + j, self.t.shape[0])
+
+        def put(b, v):
+            return b.at[at].set(v, mode="drop")
+
+        return TrajectoryRecorder(t=put(self.t, node.t[1:]), y=put(self.y, node.y[1:]),
+                                  yp=put(self.yp, node.yp[1:]), steps=self.steps + node.count)
 
     def holds(self, i, every: int) -> Bool[Array, ""]:
         """Whether segment i is kept whole."""
@@ -148,6 +171,22 @@ class TrajectoryRecorder(eqx.Module):
         return dataclasses.replace(like, t=t, y=jax.lax.dynamic_slice_in_dim(self.y, start, rows),
                                    yp=jax.lax.dynamic_slice_in_dim(self.yp, start, rows),
                                    count=count)
+
+
+class TrajectoryStage(eqx.Module):
+    """The nodes of the steps since the last append (`TrajectoryRecorder.new_stage`), of
+    steps up to `steps_kept` only: recorded in `integrate`'s step loop."""
+
+    node: StepRecorder
+    steps_kept: int = eqx.field(static=True)
+    per_step = True
+
+    def record(self, s: State, passed) -> "TrajectoryStage":
+        do = passed & (s.stats["num_steps"] <= self.steps_kept)
+        return TrajectoryStage(self.node.record(s, do), self.steps_kept)
+
+    def full(self) -> Bool[Array, ""]:
+        return self.node.count >= self.node.t.shape[0] - 1
 
 
 class Adjoint(AbstractAdjoint):
