@@ -895,6 +895,13 @@ def test_gauss_jordan_unrolled_pivots_match_argmax(n):
     want = jax.jit(jax.vmap(_gauss_jordan_argmax))(a)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    # And the inverse itself, against LAPACK's (numpy) on the finite, unrounded
+    # matrices: both backward stable, so they agree to cond(a)·ε up to a modest
+    # factor (100, for the dimension and the two algorithms' differing roundings).
+    inv, fin = np.asarray(got[0][200:]), a[200:]
+    ref = np.linalg.inv(fin)
+    err = np.linalg.norm(inv - ref, axis=(1, 2)) / np.linalg.norm(ref, axis=(1, 2))
+    assert np.all(err <= 100 * np.linalg.cond(fin) * np.finfo(float).eps)
     for i in (5, 85, 110, 130, 150, 190):
         for g, w in zip(jax.jit(_gauss_jordan_inverse)(a[i]), jax.jit(_gauss_jordan_argmax)(a[i])):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

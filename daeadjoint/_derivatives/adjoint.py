@@ -140,9 +140,13 @@ class TrajectoryRecorder(eqx.Module):
 
     def new_stage(self) -> "TrajectoryStage":
         """An empty stage for the step loop (`integrate`)."""
+        # The replay's stage (`StepRecorder.stage`: arrays within the sequential
+        # executor's limit), or two steps where fewer fit (large n, whose step loop is
+        # on the thread pool anyway).
         n, dtype = self.y.shape[1], self.y.dtype
-        rows = max(SEQUENTIAL_BUFFER_BYTES // max(n * dtype.itemsize, 1), 3)
-        return TrajectoryStage(StepRecorder.create(rows - 1, n, dtype), self.steps_kept)
+        node = StepRecorder.create(1, n, dtype).stage(SEQUENTIAL_BUFFER_BYTES)
+        return TrajectoryStage(node if node is not None else StepRecorder.create(2, n, dtype),
+                               self.steps_kept)
 
     def append(self, stage: "TrajectoryStage") -> "TrajectoryRecorder":
         """These nodes, then those of `stage`: the rows `record` would have written."""
