@@ -64,7 +64,7 @@ from jaxtyping import Array, Bool, Float, Int
 from .._consistency import Split, consistency_solve, split_at
 from .._core import build_problem
 from .._events import observations
-from .._jax_internals import is_batched, unvmap_any
+from .._jax_internals import is_batched, unvmap_all, unvmap_any
 from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, State,
                            StepRecorder, _write_slot, hermite, initial_state, initial_step,
                            integrate, restore_linear_state, segment_capacity)
@@ -299,15 +299,17 @@ ADJOINT_SINGULAR_MESSAGE = (
 
 
 def _warn_fallback(fell_back, ok, singular):
+    """The warning of a continuous adjoint that fell back; under `vmap` the operands are
+    the whole batch's: whether any member fell back, whether all that did got a
+    gradient from the discrete adjoint, whether any of them had a singular M."""
     import warnings
-    # Under vmap the callback runs once per member: warn for those that fell back.
-    if not bool(jnp.any(fell_back)):
+    if not bool(fell_back):
         return
-    how = ("the gradient comes from the discrete adjoint" if bool(jnp.all(ok)) else
+    how = ("the gradient comes from the discrete adjoint" if bool(ok) else
            "the discrete adjoint failed too")
     why = (" because the DAE is not index 1 in its algebraic variables (the adjoint's "
            "consistency matrix M is singular: a rank-deficient algebraic block, e.g. "
-           "circuit nodes with no capacitance to ground)" if bool(jnp.any(singular)) else "")
+           "circuit nodes with no capacitance to ground)" if bool(singular) else "")
     warnings.warn(f"daeadjoint: the continuous adjoint failed{why} where the forward solve "
                   f"succeeded; {how} (Adjoint(fallback=True)).", RuntimeWarning, stacklevel=2)
 
@@ -1121,7 +1123,11 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         out_d = _restrict(initial_value_tangents(sw, inputs, rec, d.h1, d.bars, p_events),
                           wanted)
         if runtime_errors_raise():    # a host callback: not under EQX_ON_ERROR=nan
-            jax.debug.callback(_warn_fallback, d.on, ~d.on | c.ok, d.on & singular)
+            # Its operands reduced over the batch first: `jax.debug.callback` of batched
+            # operands is unrolled into one callback per member (256 members: 256 host
+            # calls and ~750 slicing kernels more in `vmap(grad)`'s program).
+            jax.debug.callback(_warn_fallback, unvmap_any(d.on), unvmap_all(~d.on | c.ok),
+                               unvmap_any(d.on & singular))
         return (tree_where(d.on, out_d, out),
                 RESULTS.where(d.on, RESULTS.where(c.ok, RESULTS.successful,
                                                   RESULTS.adjoint_failed), result))
