@@ -36,7 +36,7 @@ from ._events import Event, EventState, search_step
 from ._derivatives.forward_sensitivity import (SensitivityProblem, quadrature_sensitivities,
                                                sensitivity_corrector)
 from ._initialization import violated
-from ._jax_internals import is_batched, unvmap_any
+from ._jax_internals import is_batched, unvmap_any, unvmap_max
 from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR, NewtonResult,
                       _builds_from_residual, idle_iteration, maybe_update, newton_solve, setup_linear,
                       tree_where)
@@ -1199,9 +1199,13 @@ def _report_progress(problem: Problem, s: State, passed, t_end):
     """`progress=`: a report every `problem.progress` accepted steps (none when 0)."""
     if problem.progress:
         report = passed & (s.stats["num_steps"] % problem.progress == 0)
+        # One report for a batch, of its slowest member: the operands reduced over the
+        # batch first (`jax.debug.callback` of batched operands is unrolled into one host
+        # call per member, each with its own slicing kernels).
         jax.lax.cond(unvmap_any(report),
-                     lambda: jax.debug.callback(_print_progress, s.t, t_end,
-                                                s.stats["num_steps"], s.h_used),
+                     lambda: jax.debug.callback(
+                         _print_progress, -unvmap_max(-s.t), unvmap_max(t_end),
+                         unvmap_max(s.stats["num_steps"]), -unvmap_max(-s.h_used)),
                      lambda: None)
 
 
@@ -1389,8 +1393,9 @@ _last_print = [0.0]
 
 
 def _print_progress(t, t_end, steps, h):
-    """Host side of `progress=`: one line at most every 0.5 s (batched solves report
-    their slowest member)."""
+    """Host side of `progress=`: one line at most every 0.5 s (a batched solve reports
+    its slowest member: the operands are the batch's least t and h, largest step
+    count)."""
     import time
 
     import numpy as np
@@ -1398,8 +1403,7 @@ def _print_progress(t, t_end, steps, h):
     if now - _last_print[0] < 0.5:
         return
     _last_print[0] = now
-    t, t_end, steps, h = (np.min(np.asarray(t)), np.max(np.asarray(t_end)),
-                          np.max(np.asarray(steps)), np.min(np.asarray(h)))
+    t, t_end, steps, h = (np.asarray(v) for v in (t, t_end, steps, h))
     print(f"daeadjoint: t = {t:.6g} of {t_end:.6g}, {steps} steps, h = {h:.3g}", flush=True)
 
 

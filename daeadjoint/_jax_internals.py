@@ -23,13 +23,14 @@ Not here: the names `jax.core` still exports as public (`ShapedArray`, `Tracer`,
    (parameters `treedef`, `static`, `flatten`; array leaves marked by `MISSING`), which
    `unflatten_operands` decodes: if equinox changes that encoding, those rules would
    rebuild the wrong operands.
-2. **`unvmap_any`, `unvmap_all`** (`equinox.internal`): a predicate reduced over every
-   `vmap` batch axis, so that a `lax.cond` or a one-trip `while_loop` on it stays a
-   branch under `vmap` instead of becoming a `select` that runs both sides (the Newton
-   update, event handling, the adjoint's restarts and fallbacks). Without it batched
-   solves compute every branch: the same results, several times slower. Also the
-   operands of a host callback (the adjoint's fallback warning): `jax.debug.callback`
-   of batched operands is unrolled into one callback per member by its batching rule.
+2. **`unvmap_any`, `unvmap_all`, `unvmap_max`** (`equinox.internal`): a predicate (or
+   a value) reduced over every `vmap` batch axis, so that a `lax.cond` or a one-trip
+   `while_loop` on it stays a branch under `vmap` instead of becoming a `select` that
+   runs both sides (the Newton update, event handling, the adjoint's restarts and
+   fallbacks). Without it batched solves compute every branch: the same results,
+   several times slower. Also the operands of a host callback (the adjoint's fallback
+   warning, `progress=`): `jax.debug.callback` of batched operands is unrolled into one
+   callback per member by its batching rule.
 3. **Tracer classes** (`jax._src`): `being_linearized` tells a tangent that JAX is
    linearizing (`grad`, `vjp`, `linearize`: the tangent is an unknown of a partial
    evaluation, a `JaxprTracer` whose value is not known, possibly inside `BatchTracer`s)
@@ -127,7 +128,7 @@ __all__ = [
     "create_vprim", "filter_primitive_def", "filter_primitive_jvp",
     "filter_primitive_transpose", "filter_primitive_bind", "MISSING", "unflatten_operands",
     # 2.
-    "unvmap_any", "unvmap_all",
+    "unvmap_any", "unvmap_all", "unvmap_max",
     # 7.
     "nondifferentiable_backward",
     # 3.
@@ -173,6 +174,7 @@ def unflatten_operands(values, static, treedef):
 
 unvmap_any = eqxi.unvmap_any
 unvmap_all = eqxi.unvmap_all
+unvmap_max = eqxi.unvmap_max
 
 # ------------------------------------------------- 7. nondifferentiable_backward
 
