@@ -494,7 +494,8 @@ def solve(
     - `dense`: also keep every step's interpolating polynomial for `sol.evaluate(t)`
       (memory O(max_steps · 6n)). Neither is differentiable (they depend on the steps).
     - `progress`: print t and the step count while integrating (True: every 100 steps,
-      an int: every that many; at most two lines a second); nothing when False.
+      an int: every that many; at most two lines a second; under `vmap` one line for
+      the batch, its slowest member's); nothing when False.
     - `max_step`, `min_step`, `first_step`, `max_order`: IDASetMaxStep, IDASetMinStep,
       IDASetInitStep, IDASetMaxOrd (1–5). A step that fails at `min_step` ends the solve
       with the failure's status.
