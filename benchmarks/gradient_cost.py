@@ -2,6 +2,7 @@
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/gradient_cost.py [--rounds 30]
         [--baseline /path/to/other/checkout] [--loops] [--parts] [--keep-bytes 0,262144]
+        [--problem robertson|heatM]
 
 dG/dp of G = ∫_0^4e10 y3 dt (`problems.robertson()`, rtol 1e-6, `Adjoint(atol=1e-8)`, as
 `small_peers.py`) against the forward solve (12 outputs) and pydiffsol's continuous
@@ -28,6 +29,10 @@ that both are timed in interleaved rounds):
   the cost of that part.
 - `--keep-bytes B1,B2,...`: time each version with `Adjoint(keep_bytes=B)` for every B
   given (interleaved in the same rounds), instead of with the version's default.
+- `--problem heatM`: `problems.heat(M)` (M² unknowns, G = ∫ Σ y dt, same `Adjoint`)
+  instead of Robertson; pydiffsol is then not timed.
+
+Each version's first call of the jitted gradient (compile and one run) is also reported.
 """
 
 from __future__ import annotations
@@ -62,6 +67,10 @@ PROB = problems.robertson()
 P = jnp.asarray(PROB.args, float)
 
 
+def _quadrature(t, y, yp, p):
+    return y[2:3] if PROB.name == "robertson" else jnp.sum(y, keepdims=True)
+
+
 def load(name: str, tree: Path, tmp: Path):
     """`tree/daeadjoint` imported as package `name` (its imports are relative)."""
     shutil.copytree(tree / "daeadjoint", tmp / name)
@@ -80,7 +89,7 @@ def programs(dae, keep_bytes=None):
     def G(p):
         sol = dae.solve(res, PROB.t0, PROB.t1, y0, PROB.yp0(p, problems.JAX), p,
                         saveat=jnp.reshape(PROB.t1, (1,)), algebraic=PROB.algebraic,
-                        rtol=PROB.rtol, atol=atol, quadrature=lambda t, y, yp, p: y[2:3],
+                        rtol=PROB.rtol, atol=atol, quadrature=_quadrature,
                         max_steps=peers.MAX_STEPS, sensitivity=adjoint)
         return sol.qs[-1, 0]
 
@@ -238,7 +247,12 @@ def main():
     ap.add_argument("--parts", action="store_true")
     ap.add_argument("--keep-bytes", type=str, default=None,
                     help="comma-separated Adjoint(keep_bytes=...) values to compare")
+    ap.add_argument("--problem", default="robertson", help="robertson or heatM")
     opt = ap.parse_args()
+    global PROB, P
+    if opt.problem != "robertson":
+        PROB = problems.heat(int(opt.problem.removeprefix("heat")))
+        P = jnp.asarray(PROB.args, float)
     tmp = Path(tempfile.mkdtemp(prefix="gradient_cost_"))
     trees = {"this tree": HERE.parent}
     if opt.baseline is not None:
@@ -257,7 +271,10 @@ def main():
         fns[(label, "forward")] = lambda f=f: jax.block_until_ready(f(P))
         fns[(label, "gradient")] = lambda g=g: jax.block_until_ready(g(P))
         fns[(label, "recording forward")] = lambda r=r: jax.block_until_ready(r(P))
-        info[label] = dict(grad=np.asarray(g(P)), counts=attempts(dae, G))
+        t = time.perf_counter()
+        info[label] = dict(grad=np.asarray(g(P)))
+        info[label]["first call"] = time.perf_counter() - t
+        info[label]["counts"] = attempts(dae, G)
         if opt.parts and name == "this tree":
             for kind in ("replay", "adjoint"):
                 gx, out = extra_pass_gradient(dae, programs(dae, kb)[0], kind)
@@ -267,6 +284,8 @@ def main():
         if opt.loops:
             info[label]["loops"] = loop_table(jax.jit(jax.grad(G)).lower(P).compile().as_text())
     try:
+        if PROB.name != "robertson":
+            raise LookupError(f"not timed on {PROB.name}")
         pg = peers.prepare_pydiffsol_gradient(PROB)
         fns[("pydiffsol", "adjoint")] = lambda: pg.run(np.asarray(P))
     except Exception as e:  # noqa: BLE001 - an absent peer must not stop the table
@@ -285,7 +304,7 @@ def main():
     load1 = os.getloadavg()
     med = {k: 1e3 * statistics.median(v) for k, v in wall.items()}
     cmed = {k: 1e3 * statistics.median(v) for k, v in cpu.items()}
-    print(f"{opt.rounds} interleaved rounds; load average before {load0[0]:.1f}, after "
+    print(f"{PROB.name} (n = {PROB.n}): {opt.rounds} interleaved rounds; load average before {load0[0]:.1f}, after "
           f"{load1[0]:.1f}; jax {jax.__version__}\n")
     print("| version | run | wall ms median (min) | CPU ms median (min) |")
     print("|---|---|---|---|")
@@ -322,6 +341,8 @@ def main():
         print(f"\npydiffsol adjoint ÷ {mine}'s gradient, wall: "
               f"{med[('pydiffsol', 'adjoint')] / med[(mine, 'gradient')]:.2f}, CPU: "
               f"{cmed[('pydiffsol', 'adjoint')] / cmed[(mine, 'gradient')]:.2f}")
+    for label in versions:
+        print(f"\nFirst call of jit(grad) ({label}): {info[label]['first call']:.2f} s")
     for label in versions:
         print(f"\ndG/dp ({label}): {info[label]['grad']!r}")
     for other in labels[1:]:

@@ -473,6 +473,41 @@ def test_kept_robertson_steps_equal_their_replay():
     np.testing.assert_array_equal(g_two, g_none)
 
 
+# Slow (8.5 min at load ~6: six compilations, two of them of a Hessian), like the test above.
+@pytest.mark.slow
+def test_kept_steps_under_vmap_jacfwd_and_hessian(monkeypatch):
+    """The kept forward steps under the other transformations, on the Robertson loss of
+    the test above: vmap(grad) (every member keeps its own steps) and jax.hessian
+    (forward over adjoint: the vjp of the augmented DAE's solve keeps that solve's
+    steps) give the same results bit for bit with every step kept (256 KiB) as with
+    every segment replayed (keep_bytes=0) — the replay repeats the forward steps bit
+    for bit. The kept path ran (a `TrajectoryRecorder` was created while tracing); and
+    jax.jacfwd (forward sensitivities) records no steps at all, so keeping none and
+    keeping all give the same Jacobian."""
+    from daeadjoint._derivatives.adjoint import TrajectoryRecorder
+
+    created = []
+    real = TrajectoryRecorder.create.__func__
+    monkeypatch.setattr(TrajectoryRecorder, "create", classmethod(
+        lambda cls, *a: created.append(a[-1]) or real(cls, *a)))
+    p = jnp.array([0.04, 3e7, 1e4])
+    ps = jnp.stack([p, p * jnp.array([1.5, 1.0, 0.7])])
+    modes = {
+        "vmap(grad)": (jax.vmap(jax.grad(_robertson_loss), in_axes=(0, None)), ps),
+        "hessian": (jax.hessian(_robertson_loss), p),
+        "jacfwd": (jax.jacfwd(_robertson_loss), p),
+    }
+    for name, (f, x) in modes.items():
+        f = jax.jit(f, static_argnums=1)
+        del created[:]
+        none = np.asarray(f(x, 0))
+        assert created == [], name
+        kept = np.asarray(f(x, 256 * 1024))
+        assert (created != []) == (name != "jacfwd"), (name, created)
+        assert np.all(np.isfinite(none)) and np.any(none != 0), name
+        np.testing.assert_array_equal(kept, none, err_msg=name)
+
+
 def _square_wave_decay(t, y, yp, a):
     """y' = −a y + u(t), u a square wave of period 1: a kink every half period, where
     attempted steps overshoot and fail the error test."""

@@ -80,13 +80,21 @@ from .tangents import _restrict, reverse_tangents_at_t0
 # How the backward pass evaluates the forward solution between steps (`Adjoint`).
 Interpolation = Literal["hermite", "bdf"]
 
-# `Adjoint(keep_bytes=...)`'s default: none. Keeping Robertson's 987 steps (256 KiB)
-# made its gradient slower while the outer loop recorded every step (10.8 → 15.1 ms,
-# fastest of 40, quiet machine); recorded through a stage in the step loop it is faster
-# than the replay (24.2 against 31.1 ms CPU median, one interleaved run at load ~3.2:
-# docs/performance.md), but that is one loaded run and large systems were not
-# measured, so the default is unchanged until both are.
-KEEP_BYTES = 0
+# `Adjoint(keep_bytes=...)`'s default: 256 KiB. A kept segment is one the backward pass
+# does not replay, and recorded through the step loop's stage (`TrajectoryStage`)
+# keeping was not slower anywhere measured (benchmarks/gradient_cost.py --keep-bytes,
+# interleaved rounds, gradient CPU medians, 2026-11-29, docs/performance.md): Robertson
+# (n = 3, all 987 steps kept) 21.1 against 29.1 ms with the replay (load 7.8); heat n =
+# 49 (all 100 steps kept) 47.9 against 50.6 ms (load 6.4); heat n = 400 (256 KiB keeps
+# none there) 198.7 (1 MiB) and 187.6 (4 MiB) against 203.5 ms; vmap(grad) of 64
+# Robertson members 998 against 1047 ms wall; bit for bit, also under jacfwd and
+# jax.hessian; compile time the same within its noise. 256 KiB keeps every step of small
+# systems' usual runs (4600 steps at n = 3, 300 at n = 49) and nothing past n ≈ 150,
+# where larger budgets gained ≤ 8 % of the gradient; and memory is per solve (per member
+# under vmap: +16 MiB for 64 members), so the default stays of the order of what the
+# checkpoints already hold at the default max_steps for small n (1001 BDF states, each ≥
+# 6n numbers: ≥ 141 KiB at n = 3).
+KEEP_BYTES = 256 * 1024
 
 
 class TrajectoryRecorder(eqx.Module):
@@ -218,14 +226,15 @@ class Adjoint(AbstractAdjoint):
     - `quad_error_control`: include the parameter-gradient quadrature ∫(wᵀq_p − λᵀF_p)
       in the adjoint error test (IDAS errconQB; default True: on Robertson it makes the
       rtol-1e-6 gradient 30x more accurate for ~the same number of steps).
-    - `keep_bytes`: memory for keeping the forward steps themselves (default 0: keep
-      none; on Robertson, keeping all its steps made the gradient slower). The forward
-      pass keeps the Hermite nodes (t, y, y', 2n + 1 numbers)
-      of its first S·`checkpoint_every` steps, S = ⌊(keep_bytes / ((2n + 1)·itemsize)
-      − 9) / checkpoint_every⌋ whole segments (no more than `max_steps` needs), and the
+    - `keep_bytes`: memory for keeping the forward steps themselves (default 256 KiB:
+      `KEEP_BYTES`, whose comment gives the measurements; 0 keeps none). The forward
+      pass keeps the Hermite nodes (t, y, y', 2n + 1 numbers) of its first
+      S·`checkpoint_every` steps, S = ⌊(keep_bytes / ((2n + 1)·itemsize) − 9) /
+      checkpoint_every⌋ whole segments (no more than `max_steps` needs), and the
       backward pass reads those segments instead of replaying them; it replays only the
-      segments past them (256 KiB: 4600 steps at n = 3); the memory stays bounded by
-      `keep_bytes`. With `interpolation="bdf"` nothing is kept this way.
+      segments past them (256 KiB: 4600 steps at n = 3, 300 at n = 49, none past
+      n ≈ 150); the memory stays bounded by `keep_bytes` (per member under `vmap`).
+      With `interpolation="bdf"` nothing is kept this way.
     - `max_steps`: adjoint steps allowed between two restarts (default: the forward one).
     - `fallback`: when the backward integration fails (`RESULTS.adjoint_failed`) but the
       forward solve succeeded, compute this gradient with the discrete adjoint of the
