@@ -690,8 +690,9 @@ def test_fallback_equals_the_discrete_adjoint_of_the_same_steps(n, monkeypatch):
     same arithmetic differently (1e-12 relative) — and within 100·rtol of the exact one
     (as the exact-solution tests): d/dk [n Σ e^{−k t_i} + (1 − e^{−4k})/(2k)].
 
-    The fallback's discrete adjoint replays the checkpoint segments the continuous
-    backward pass replays (one replay loop), with the primal's own steps: the gradient
+    The fallback's discrete adjoint replays every checkpoint segment (with the same
+    replay loop as the continuous backward pass, which reads the segments the forward
+    pass kept instead), with the primal's own steps: the gradient
     program contains the forward solve once. (It used to re-run the forward solve with
     a step log, a second program that could fail where the primal had succeeded: a run
     need not repeat to the last bit.) Counted in the same gradient's trace (the residual

@@ -81,8 +81,8 @@ from .tangents import _restrict, reverse_tangents_at_t0
 Interpolation = Literal["hermite", "bdf"]
 
 # `Adjoint(keep_bytes=...)`'s default: 256 KiB. A kept segment is one the backward pass
-# does not replay, and recorded through the step loop's stage (`TrajectoryStage`)
-# keeping was not slower anywhere measured (benchmarks/gradient_cost.py --keep-bytes,
+# does not replay (its steps are recorded through the step loop's stage,
+# `TrajectoryStage`), and keeping was not slower anywhere measured (benchmarks/gradient_cost.py --keep-bytes,
 # interleaved rounds, gradient CPU medians, 2026-11-29, docs/performance.md): Robertson
 # (n = 3, all 987 steps kept) 21.1 against 29.1 ms with the replay (load 7.8); heat n =
 # 49 (all 100 steps kept) 47.9 against 50.6 ms (load 6.4); heat n = 400 (256 KiB keeps
