@@ -154,7 +154,8 @@ PROBLEMS = {
 # discrete adjoint (a branch taken only when the backward integration fails; without it
 # such a failure raises, and no reference is produced). It is a quarter of a gradient
 # program's compilation (Robertson's gradient: 12.8-13.8 -> 9.7 XLA CPU s,
-# docs/performance.md; this file's banded DAE reference: 62.7 -> 45.7 at load ~5), and
+# docs/performance.md; this file's banded DAE reference: 62.7, 65.4 -> 45.7, 56.5 in
+# two interleaved pairs of processes, load 2-5), and
 # the solvers under test keep it, as users compile them.
 REFERENCE = dae.Adjoint(fallback=False)
 
