@@ -82,8 +82,9 @@ Interpolation = Literal["hermite", "bdf"]
 
 # `Adjoint(keep_bytes=...)`'s default: 256 KiB. A kept segment is one the backward pass
 # does not replay (its steps are recorded through the step loop's stage,
-# `TrajectoryStage`), and keeping was not slower anywhere measured (benchmarks/gradient_cost.py --keep-bytes,
-# interleaved rounds, gradient CPU medians, 2026-11-29, docs/performance.md): Robertson
+# `TrajectoryStage`), and keeping was not slower anywhere measured
+# (benchmarks/gradient_cost.py --keep-bytes, interleaved rounds, gradient CPU medians,
+# 2026-11-29, docs/performance.md): Robertson
 # (n = 3, all 987 steps kept) 21.1 against 29.1 ms with the replay (load 7.8); heat n =
 # 49 (all 100 steps kept) 47.9 against 50.6 ms (load 6.4); heat n = 400 (256 KiB keeps
 # none there) 198.7 (1 MiB) and 187.6 (4 MiB) against 203.5 ms; vmap(grad) of 64
