@@ -14,7 +14,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Int
+
+from ._ops import row, where
 
 MAXORD = 5
 NPHI = MAXORD + 1
@@ -60,22 +63,21 @@ def set_coefficients(psi_old, h, k, k_used, h_used, ns_old, dtype) -> Coefficien
     """
     i = _ORDERS
     fi = i.astype(dtype)
-    ns = jnp.where((h != h_used) | (k != k_used), 0, ns_old)
+    ns = where((h != h_used) | (k != k_used), 0, ns_old)
     ns = jnp.minimum(ns + 1, k_used + 2)
     active = i <= k
     psi_shift = jnp.concatenate([jnp.zeros((1,), dtype), psi_old[:-1]])
-    psi_new = jnp.where(active, psi_shift + h, psi_old)
-    safe_old = jnp.where(psi_shift == 0, 1.0, psi_shift)
+    psi_new = where(active, psi_shift + h, psi_old)
+    safe_old = where(psi_shift == 0, 1.0, psi_shift)
     # β_i = Π_{1≤j≤i} ψ'_{j−1}/ψ_{j−1}; roll(psi_new)[i] = ψ'_{i−1}, psi_shift[i] = ψ_{i−1}.
-    ratio = jnp.where((i >= 1) & active, jnp.roll(psi_new, 1) / safe_old, 1.0)
+    ratio = where((i >= 1) & active, jnp.roll(psi_new, 1) / safe_old, 1.0)
     beta = _prefix(ratio, jnp.multiply)
-    alpha = jnp.where(active, h / jnp.where(active, psi_new, 1.0), 0.0)
-    alpha = alpha.at[0].set(1.0)
-    sigma = _prefix(jnp.where((i >= 1) & active, fi * alpha, 1.0), jnp.multiply)
+    alpha = where(i == 0, 1.0, where(active, h / where(active, psi_new, 1.0), 0.0))
+    sigma = _prefix(where((i >= 1) & active, fi * alpha, 1.0), jnp.multiply)
     gamma = jnp.concatenate([jnp.zeros((1,), dtype), _prefix(alpha[:-1], jnp.add) / h])
-    alpha_s = -jnp.sum(jnp.where(i < k, 1.0 / (fi + 1), 0.0))
-    alpha_0 = -jnp.sum(jnp.where(i < k, alpha, 0.0))
-    alpha_k = alpha[k]
+    alpha_s = -jnp.sum(where(i < k, 1.0 / (fi + 1), 0.0))
+    alpha_0 = -jnp.sum(where(i < k, alpha, 0.0))
+    alpha_k = row(alpha, k)
     ck = jnp.maximum(jnp.abs(alpha_k + alpha_s - alpha_0), alpha_k)
     cj = -alpha_s / h
     return Coefficients(psi=psi_new, alpha=alpha, beta=beta, sigma=sigma, gamma=gamma,
@@ -105,10 +107,9 @@ def history_layout(phi):
 
 def history_row(phi, i):
     """φ_i for a traced i (clipped to 0..5)."""
-    i = jnp.clip(i, 0, NPHI - 1)
     if isinstance(phi, tuple):
-        return jax.lax.select_n(i, *phi)
-    return phi[i]
+        return jax.lax.select_n(jnp.clip(i, 0, NPHI - 1), *phi)
+    return row(phi, i)
 
 
 def update_row(phi, i: int, fn):
@@ -127,7 +128,7 @@ def scale_history(phi, beta, ns, k):
     """φ_i ← β_i φ_i for ns ≤ i ≤ k: the divided differences re-expressed for the new
     step size (IDAS's φ*). `phi` is (6, ...): the state's (6, n), or the sensitivities'
     (6, k_dir, n), either one array or a tuple of its rows (`history_layout`)."""
-    scale = jnp.where((_ORDERS >= ns) & (_ORDERS <= k), beta, 1.0)
+    scale = where((_ORDERS >= ns) & (_ORDERS <= k), beta, 1.0)
     if isinstance(phi, tuple):
         return tuple(scale[i] * row for i, row in enumerate(phi))
     return phi * _rows(scale, phi)
@@ -136,7 +137,7 @@ def scale_history(phi, beta, ns, k):
 def predict(phi, gamma, k):
     """Predictor: y_(0) = Σ_{j≤k} φ_j,  y'_(0) = Σ_{1≤j≤k} γ_j φ_j."""
     w_y = (_ORDERS <= k).astype(gamma.dtype)
-    w_yp = jnp.where((_ORDERS >= 1) & (_ORDERS <= k), gamma, 0.0)
+    w_yp = where((_ORDERS >= 1) & (_ORDERS <= k), gamma, 0.0)
     if isinstance(phi, tuple) or phi[0].size * phi.dtype.itemsize <= SEQUENTIAL_BYTES:
         rows = tuple(phi)
         return _row_sum(w_y, rows), _row_sum(w_yp, rows)
@@ -163,23 +164,23 @@ def complete_history(phi, ee, k_used):
     φ_{k+1} ← ee (kept for the order-raise estimate), φ_k ← φ_k + ee, then
     φ_j ← φ_j + φ_{j+1} for j = k−1..0 (a reverse cumulative sum over rows 0..k)."""
     if isinstance(phi, tuple):
-        rows = [row + jnp.where(i == k_used, ee, 0.0) for i, row in enumerate(phi)]
+        rows = [row + where(i == k_used, ee, 0.0) for i, row in enumerate(phi)]
         total, out = 0.0, [None] * NPHI
         for i in reversed(range(NPHI)):
-            total = total + jnp.where(i <= k_used, rows[i], 0.0)
-            out[i] = jnp.where(i <= k_used, total, rows[i])
-        return tuple(jnp.where((i == k_used + 1) & (k_used < MAXORD), ee, row)
+            total = total + where(i <= k_used, rows[i], 0.0)
+            out[i] = where(i <= k_used, total, rows[i])
+        return tuple(where((i == k_used + 1) & (k_used < MAXORD), ee, row)
                      for i, row in enumerate(out))
     rows = _rows(_ORDERS, phi)
-    phi = phi + jnp.where(rows == k_used, ee[None], 0.0)
-    low = jnp.where(rows <= k_used, phi, 0.0)
+    phi = phi + where(rows == k_used, ee[None], 0.0)
+    low = where(rows <= k_used, phi, 0.0)
     # Unrolled (`_prefix`): `jnp.cumsum` becomes a reduce-window, under `vmap` the
     # dearest single operation of a batched step (Robertson, 256 members: ~16 µs of a
     # ~200 µs trip, profiled); the same sums in the same order (the reduce-window's
     # leading 0 + φ_5 is φ_5 but for the sign of a zero).
     cumulative = jnp.flip(_prefix(jnp.flip(low, 0), jnp.add), 0)
-    phi = jnp.where(rows <= k_used, cumulative, phi)
-    return jnp.where((rows == k_used + 1) & (k_used < MAXORD), ee[None], phi)
+    phi = where(rows <= k_used, cumulative, phi)
+    return where((rows == k_used + 1) & (k_used < MAXORD), ee[None], phi)
 
 
 def derivative_weights(t, t_n, psi, k_used, order: int) -> Float[Array, "order+1 6"]:
@@ -195,19 +196,19 @@ def derivative_weights(t, t_n, psi, k_used, order: int) -> Float[Array, "order+1
     arithmetic.)
     """
     delta = t - t_n
-    m = jnp.arange(order + 1).astype(psi.dtype)
+    m = np.arange(order + 1, dtype=psi.dtype)
     # The factors g_1..g_5 and the rows in use as one vector each (the same values as
     # row by row): under `vmap` every scalar-per-member operation of its own is an
     # operation of the batched step loop.
     psi_prev = jnp.concatenate([jnp.zeros((1,), psi.dtype), psi[:NPHI - 2]])
     g = (delta + psi_prev) / psi[:NPHI - 1]
     used = _ORDERS <= jnp.maximum(k_used, 1)
-    prev = jnp.zeros((order + 1,), psi.dtype).at[0].set(1.0)
+    prev = np.eye(1, order + 1, dtype=psi.dtype)[0]   # [1, 0, …]: c_0 = 1
     rows = [prev]
     for j in range(1, NPHI):
         lower = jnp.concatenate([jnp.zeros((1,), prev.dtype), prev[:-1]])
         prev = prev * g[j - 1] + m * lower / psi[j - 1]
-        rows.append(jnp.where(used[j], prev, 0.0))
+        rows.append(where(used[j], prev, 0.0))
     return jnp.stack(rows, axis=1)
 
 

@@ -36,6 +36,7 @@ from jaxtyping import Array, Bool, Float
 from ._initialization import SUCCESS, calc_ic
 from ._jax_internals import unvmap_any
 from ._linalg.linear_solver import masked_residual
+from ._ops import where
 from ._newton import tree_where
 
 
@@ -78,7 +79,7 @@ class Split(eqx.Module):
     def alg(self, v):
         """Π v (over the last axis)."""
         if self.projector is None:
-            return jnp.where(self.mask, v, 0.0)
+            return where(self.mask, v, 0.0)
         return v @ self.projector.T
 
     def diff(self, v):
@@ -88,7 +89,7 @@ class Split(eqx.Module):
     def alg_t(self, w):
         """Πᵀ w."""
         if self.projector is None:
-            return jnp.where(self.mask, w, 0.0)
+            return where(self.mask, w, 0.0)
         return w @ self.projector
 
     def diff_t(self, w):
@@ -115,7 +116,7 @@ def split_at(auto: bool, residual, t, y, yp, args, algebraic) -> Split:
 
         def projectors():
             u, sigma, vh = jnp.linalg.svd(E)
-            null = jnp.where(sigma <= 1000.0 * n * eps * sigma[0], 1.0, 0.0)
+            null = where(sigma <= 1000.0 * n * eps * sigma[0], 1.0, 0.0)
             right = vh.T @ (null[:, None] * vh)
             left_diagonal = jnp.sum(u * u * null[None, :], axis=1)   # diag of U₀U₀ᵀ
             return right, left_diagonal > jnp.sqrt(eps)
@@ -219,7 +220,7 @@ def consistent_values(config, inputs):
     config_dyn, config_static = eqx.partition(config, eqx.is_array)
     static_arrays, static = eqx.partition(static, eqx.is_array)   # e.g. int arrays in args
     # IDACalcIC measures the y' unknowns on the time scale of the first output time.
-    t_out = jnp.min(jnp.where(inputs.saveat > inputs.t0, inputs.saveat, inputs.t1))
+    t_out = jnp.min(where(inputs.saveat > inputs.t0, inputs.saveat, inputs.t1))
     fixed = (algebraic, inputs.rtol, atol, t_out, config_dyn, static_arrays,
              inputs.constraints)
 

@@ -31,6 +31,7 @@ from ._initialization import InitMode, violated
 from ._jax_internals import unvmap_any
 from ._integrator import (CheckpointRecorder, DenseRecorder, Outputs, Problem, SegmentRecorder,
                           initial_state, initial_step, integrate)
+from ._ops import where
 from ._linalg.linear_solver import (AbstractLinearSolver, DenseLU, factored_is_singular,
                                     masked_residual)
 from ._results import RESULTS
@@ -165,14 +166,14 @@ def input_status(inputs: Inputs) -> RESULTS:
 def build_problem(config: Config, inputs: Inputs, sens=None, linear_solver=None) -> Problem:
     n = inputs.y0.shape[0]
     dtype = inputs.y0.dtype
-    error_mask = jnp.where(inputs.algebraic & config.suppress_algebraic_error, 0.0, 1.0)
+    error_mask = where(inputs.algebraic & config.suppress_algebraic_error, 0.0, 1.0)
     if inputs.index2 is not None:
         # Index-2 variables leave the local error test (as DASPK3.0's and IDAS's users
         # do, IDASetSuppressAlg): errors of algebraic variables on earlier steps do not
         # propagate, and the estimate of an index-2 variable (fixed through y', one
         # order lower in h) would only reject good steps. Li & Petzold, DASPKADJOINT
         # §5: index-1 algebraic variables stay in the test, index-2 ones leave it.
-        error_mask = jnp.where(inputs.index2, 0.0, error_mask)
+        error_mask = where(inputs.index2, 0.0, error_mask)
     return Problem(
         residual=config.residual, quadrature=config.quadrature,
         linear_solver=config.linear_solver if linear_solver is None else linear_solver,
@@ -203,7 +204,7 @@ def algebraic_probe(config: Config, inputs: Inputs):
     if not config.check_algebraic:
         return None
     y0 = inputs.y0
-    return jnp.where(inputs.algebraic, _probe_weights(y0.shape[0], y0.dtype), 0.0)
+    return where(inputs.algebraic, _probe_weights(y0.shape[0], y0.dtype), 0.0)
 
 
 def mask_violation(config: Config, inputs: Inputs):
@@ -281,7 +282,7 @@ def _dense_correction(residual, t, y, yp, args, split, f):
     fn = masked_residual(residual, y, yp, split)
     C = jax.jacfwd(lambda v: fn(t, v, None, args))(jnp.zeros_like(y))
     rownorm = jnp.max(jnp.abs(C), axis=1)
-    d = 1.0 / jnp.where(rownorm > 0, rownorm, 1.0)
+    d = 1.0 / where(rownorm > 0, rownorm, 1.0)
     q, r = jnp.linalg.qr(C * d[:, None])
     singular = factored_is_singular((None, jnp.diagonal(r)))
     u = jax.lax.linalg.triangular_solve(r, (q.T @ (d * f))[:, None], left_side=True,
@@ -327,7 +328,7 @@ def _is_start_failure(result):
 
 def _first_step(problem, inputs, h_heuristic):
     """IDASetInitStep if given (`first_step`), else IDAS's heuristic; within max_step."""
-    h = jnp.where(jnp.isnan(inputs.first_step), h_heuristic, inputs.first_step)
+    h = where(jnp.isnan(inputs.first_step), h_heuristic, inputs.first_step)
     return jnp.minimum(h, inputs.max_step)
 
 
@@ -381,10 +382,10 @@ def begin(config: Config, inputs: Inputs, record: bool = False,
                                 RESULTS.singular_initial_sensitivity, result0)
     problem = build_problem(config, inputs, sens=sens)
     # IDAS bases the first step on the distance to the first output time.
-    t_out = jnp.min(jnp.where(saveat > t0, saveat, t1))
+    t_out = jnp.min(where(saveat > t0, saveat, t1))
     qp0 = problem.quad(t0, y0, yp0)
     h0 = _first_step(problem, inputs, initial_step(problem, t0, y0, yp0, qp0, t_out, s0, sp0))
-    h0 = jnp.where(result0 == RESULTS.successful, h0, 1.0)
+    h0 = where(result0 == RESULTS.successful, h0, 1.0)
     state = initial_state(problem, t0, y0, yp0, h0, s0, sp0, qsp0)
     if sens is not None:
         state = eqx.tree_at(lambda z: z.phiqs, state, update_row(state.phiqs, 0, lambda _: qs0))
@@ -507,11 +508,11 @@ def _index2_event_slopes(config: Config, inputs: Inputs, events, y0, yp0):
         found = jnp.isfinite(t_r)
         # A root not found: evaluated at the consistent start instead (a regular
         # point, so no NaN reaches the derivatives through the discarded branch).
-        t_s = jnp.where(found, t_r, inputs.t0)
-        y_s, yp_s = jnp.where(found, yd_r[0], y0), jnp.where(found, yd_r[1], yp0)
+        t_s = where(found, t_r, inputs.t0)
+        y_s, yp_s = where(found, yd_r[0], y0), where(found, yd_r[1], yp0)
         yp = index2_slopes(config.residual, config.index2, inputs.algebraic, t_s, y_s, yp_s,
                            inputs.args)
-        return yd_r.at[1].set(jnp.where(found, yp, yd_r[1]))
+        return yd_r.at[1].set(where(found, yp, yd_r[1]))
 
     return eqx.tree_at(lambda e: e.yd, events, jax.vmap(one)(events.t, events.yd))
 

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from ._bdf import derivative_weights, stacked
+from ._ops import where
 
 MAX_SEARCH = 100   # secant iterations per root (the bracket shrinks geometrically)
 
@@ -109,7 +110,7 @@ def _crossed(g_lo, g_hi, direction):
     at t_hi counts, as IDAS reports exact zeros)."""
     up = (g_lo < 0) & (g_hi >= 0)
     down = (g_lo > 0) & (g_hi <= 0)
-    return jnp.where(direction > 0, up, jnp.where(direction < 0, down, up | down))
+    return where(direction > 0, up, where(direction < 0, down, up | down))
 
 
 def search_step(event: Event, args, s, es: EventState, order: int) -> EventState:
@@ -150,7 +151,7 @@ def search_step(event: Event, args, s, es: EventState, order: int) -> EventState
                                                jnp.zeros_like(es.mask[0])))
     # The next step searches from this step's end (unless stopped).
     return eqx.tree_at(lambda e: (e.t_lo, e.g_lo), es,
-                       (jnp.where(es.stopped, es.t_lo, s.t), jnp.where(es.stopped, es.g_lo, g_hi)))
+                       (where(es.stopped, es.t_lo, s.t), where(es.stopped, es.g_lo, g_hi)))
 
 
 def _secant(g_at, t_lo, g_lo, t_hi, g_hi, direction, tau):
@@ -165,28 +166,28 @@ def _secant(g_at, t_lo, g_lo, t_hi, g_hi, direction, tau):
         t_lo, g_lo, t_hi, g_hi, alpha, side, it = c
         active = _crossed(g_lo, g_hi, direction)
         # The component whose secant root lies closest to t_lo.
-        score = jnp.where(active, jnp.abs(g_hi) / jnp.maximum(jnp.abs(g_hi - g_lo), 1e-300), -1.0)
+        score = where(active, jnp.abs(g_hi) / jnp.maximum(jnp.abs(g_hi - g_lo), 1e-300), -1.0)
         i = jnp.argmax(score)
         gl, gh = g_lo[i], g_hi[i]
         denom = gh - alpha * gl
-        t_mid = t_hi - (t_hi - t_lo) * gh / jnp.where(denom == 0, 1.0, denom)
-        t_mid = jnp.where(denom == 0, 0.5 * (t_lo + t_hi), t_mid)
+        t_mid = t_hi - (t_hi - t_lo) * gh / where(denom == 0, 1.0, denom)
+        t_mid = where(denom == 0, 0.5 * (t_lo + t_hi), t_mid)
         # Keep t_mid strictly inside, at least τ/2 from the ends (IDAS's adjustment).
         width = t_hi - t_lo
         fraction = jnp.clip((t_mid - t_lo) / width, 0.0, 1.0)
         near_lo = (t_mid - t_lo) < 0.5 * tau
         near_hi = (t_hi - t_mid) < 0.5 * tau
         small = jnp.maximum(0.5 * tau / jnp.abs(width), 0.1)
-        fraction = jnp.where(near_lo, jnp.minimum(small, 0.5), fraction)
-        fraction = jnp.where(near_hi, 1.0 - jnp.minimum(small, 0.5), fraction)
+        fraction = where(near_lo, jnp.minimum(small, 0.5), fraction)
+        fraction = where(near_hi, 1.0 - jnp.minimum(small, 0.5), fraction)
         t_mid = t_lo + fraction * width
         g_mid = g_at(t_mid)
         low = jnp.any(_crossed(g_lo, g_mid, direction) & active)   # root in (t_lo, t_mid]
-        new_side = jnp.where(low, -1, 1).astype(jnp.int32)
-        alpha = jnp.where(new_side == side, jnp.where(low, 0.5 * alpha, 2.0 * alpha), 1.0)
-        alpha = jnp.where(it < 2, 1.0, alpha)
-        t_lo, g_lo = jnp.where(low, t_lo, t_mid), jnp.where(low, g_lo, g_mid)
-        t_hi, g_hi = jnp.where(low, t_mid, t_hi), jnp.where(low, g_mid, g_hi)
+        new_side = where(low, -1, 1).astype(jnp.int32)
+        alpha = where(new_side == side, where(low, 0.5 * alpha, 2.0 * alpha), 1.0)
+        alpha = where(it < 2, 1.0, alpha)
+        t_lo, g_lo = where(low, t_lo, t_mid), where(low, g_lo, g_mid)
+        t_hi, g_hi = where(low, t_mid, t_hi), where(low, g_mid, g_hi)
         return t_lo, g_lo, t_hi, g_hi, alpha, new_side, it + 1
 
     one = jnp.ones((), t_lo.dtype)
@@ -220,9 +221,9 @@ def event_tangents(event: Event, args, t, mask, yd, sd, args_dot):
 
     def one_root(t_r, mask_r, yd_r, sd_r):
         found = jnp.isfinite(t_r)
-        t_r = jnp.where(found, t_r, 0.0)
-        yd_r = jnp.where(found, yd_r, 0.0)
-        sd_r = jnp.where(found, sd_r, 0.0)
+        t_r = where(found, t_r, 0.0)
+        yd_r = where(found, yd_r, 0.0)
+        sd_r = where(found, sd_r, 0.0)
         gdot, _, (g, dyn) = _g_terms(event, args, t_r, yd_r)
         # The component that crossed (the first, if several crossed together).
         i = jnp.argmax(mask_r)
@@ -236,7 +237,7 @@ def event_tangents(event: Event, args, t, mask, yd, sd, args_dot):
             # enters derivatives of order three and higher of event states).
             shift = jnp.concatenate([yd_r[1:], jnp.zeros_like(yd_r[:1])], 0)
             yd_dot = s_r + shift * t_dot
-            return jnp.where(found, t_dot, 0.0), jnp.where(found, yd_dot, 0.0)
+            return where(found, t_dot, 0.0), where(found, yd_dot, 0.0)
 
         if args_dot is None:
             return jax.vmap(lambda s_r: per_direction(s_r, None))(sd_r)
@@ -254,14 +255,14 @@ def event_cotangents(event: Event, args, t, mask, yd, t_bar, yd_bar):
 
     def one_root(t_r, mask_r, yd_r, tb, ydb):
         found = jnp.isfinite(t_r)
-        t_r = jnp.where(found, t_r, 0.0)
-        yd_r = jnp.where(found, yd_r, 0.0)
+        t_r = where(found, t_r, 0.0)
+        yd_r = where(found, yd_r, 0.0)
         gdot, vjp, _ = _g_terms(event, args, t_r, yd_r)
         i = jnp.argmax(mask_r)
         c = tb + jnp.sum(ydb[:-1] * yd_r[1:])
         w = jnp.zeros_like(gdot).at[i].set(-c / gdot[i])
         gy, gyp, gp = vjp(w)
-        zero = jnp.where(found, 1.0, 0.0)
+        zero = where(found, 1.0, 0.0)
         return ((ydb[0] + gy) * zero, (ydb[1] + gyp) * zero, ydb[2:] * zero,
                 jax.tree_util.tree_map(lambda x: x * zero, gp))
 
@@ -284,11 +285,11 @@ def observations(config, inputs, rec, ct):
         return ts, yd_bar, qbar, None
     k = yd_bar.shape[0]
     order = yd_bar.shape[2] - 1
-    t_stop = jnp.where(event.terminal & jnp.isfinite(rec.event_t[0]), rec.event_t[0], jnp.inf)
+    t_stop = where(event.terminal & jnp.isfinite(rec.event_t[0]), rec.event_t[0], jnp.inf)
     reached = ts <= t_stop
-    times_out = jnp.where(reached, ts, t0)
-    yd_bar = jnp.where(reached[None, :, None, None], yd_bar, 0.0)
-    qbar = jnp.where(reached[None, :, None], qbar, 0.0)
+    times_out = where(reached, ts, t0)
+    yd_bar = where(reached[None, :, None, None], yd_bar, 0.0)
+    qbar = where(reached[None, :, None], qbar, 0.0)
     found = jnp.isfinite(rec.event_t)
 
     def per_direction(tb, eb):
@@ -297,8 +298,8 @@ def observations(config, inputs, rec, ct):
         return jnp.concatenate([yb[:, None], ypb[:, None], higher[:, :order - 1]], axis=1), pb
 
     ev_yd_bar, p_direct = jax.vmap(per_direction)(t_bar, ev_bar)
-    times = jnp.concatenate([times_out, jnp.where(found, rec.event_t, t0)])
-    yd_all = jnp.concatenate([yd_bar, jnp.where(found[None, :, None, None], ev_yd_bar, 0.0)], 1)
+    times = jnp.concatenate([times_out, where(found, rec.event_t, t0)])
+    yd_all = jnp.concatenate([yd_bar, where(found[None, :, None, None], ev_yd_bar, 0.0)], 1)
     q_all = jnp.concatenate([qbar, jnp.zeros((k, rec.event_t.shape[0], qbar.shape[2]), qbar.dtype)], 1)
     perm = jnp.argsort(times, stable=True)
     return times[perm], yd_all[:, perm], q_all[:, perm], p_direct

@@ -37,6 +37,7 @@ from ._derivatives.forward_sensitivity import (SensitivityProblem, quadrature_se
                                                sensitivity_corrector)
 from ._initialization import violated
 from ._jax_internals import is_batched, unvmap_any, unvmap_max
+from ._ops import row, where
 from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR, NewtonResult,
                       _builds_from_residual, idle_iteration, maybe_update, newton_solve, setup_linear,
                       tree_where)
@@ -182,7 +183,7 @@ def initial_step(problem: Problem, t0, y0, yp0, qp0, t_out, s0=None, sp0=None) -
     if sens is not None and sens.error_control and sens.k > 0:
         ewt_s = error_weights(s0, problem.rtol, sens.atol) * problem.error_mask
         ypnorm = jnp.maximum(ypnorm, jnp.max(jax.vmap(wrms)(sp0, ewt_s)))
-    h = jnp.where(ypnorm > 0.5 / h, 0.5 / ypnorm, h)
+    h = where(ypnorm > 0.5 / h, 0.5 / ypnorm, h)
     # Resolvable at t0: a step below the spacing of floating-point numbers at |t0| would
     # not advance t (matters when t0 is large, as for an adjoint started at T = 4e10).
     h = jnp.maximum(h, 10.0 * jnp.finfo(h.dtype).eps * jnp.abs(t0))
@@ -195,14 +196,14 @@ def next_stop(problem: Problem, t):
     if problem.breakpoints is None:
         return problem.tstop
     bps = problem.breakpoints
-    return jnp.minimum(problem.tstop, jnp.min(jnp.where(bps > t, bps, jnp.inf)))
+    return jnp.minimum(problem.tstop, jnp.min(where(bps > t, bps, jnp.inf)))
 
 
 def clamp_to_tstop(problem, t, h):
     """h, or the step to the next stop (tstop or a breakpoint) where t + h would pass it
     (`step_end` then lands on it)."""
     stop = next_stop(problem, t)
-    return jnp.where(t + h > stop, stop - t, h)
+    return where(t + h > stop, stop - t, h)
 
 
 def evaluation_time(problem: Problem, t_new):
@@ -214,7 +215,7 @@ def evaluation_time(problem: Problem, t_new):
     if problem.breakpoints is None:
         return t_new
     from ._consistency import before
-    return jnp.where(jnp.any(problem.breakpoints == t_new), before(t_new), t_new)
+    return where(jnp.any(problem.breakpoints == t_new), before(t_new), t_new)
 
 
 def restart_at_breakpoint(problem: Problem, s: State) -> State:
@@ -249,8 +250,8 @@ def restart_at_breakpoint(problem: Problem, s: State) -> State:
             if sens.error_control:
                 ewt_s = error_weights(sv, problem.rtol, sens.atol) * problem.error_mask
                 ypnorm = jnp.maximum(ypnorm, jnp.max(jax.vmap(wrms)(sp, ewt_s)))
-        h_last = jnp.where(s.h_used > 0, s.h_used, s.h)
-        h0 = jnp.where(ypnorm * h_last > 0.5, 0.5 / jnp.where(ypnorm > 0, ypnorm, 1.0), h_last)
+        h_last = where(s.h_used > 0, s.h_used, s.h)
+        h0 = where(ypnorm * h_last > 0.5, 0.5 / where(ypnorm > 0, ypnorm, 1.0), h_last)
         h0 = clamp_to_tstop(problem, t, h0)
 
         def fresh(value, slope):
@@ -298,9 +299,9 @@ def step_end(problem: Problem, t, h, yp_norm):
     solution — jitter with rounding-level changes of the data)."""
     stop = next_stop(problem, t)
     lands = t + h > stop
-    t_new = jnp.where(lands, stop, t + h)
+    t_new = where(lands, stop, t + h)
     coarse = jnp.finfo(t.dtype).eps * jnp.abs(t_new) * yp_norm > CLOCK_TOL
-    return t_new, jnp.where(lands | coarse, t_new - t, h)
+    return t_new, where(lands | coarse, t_new - t, h)
 
 
 def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=None) -> State:
@@ -348,7 +349,7 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
 
 
 def _at(v, i):
-    return v[jnp.clip(i, 0, v.shape[0] - 1)]
+    return row(v, i)
 
 
 class Parts(NamedTuple):
@@ -452,13 +453,13 @@ def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
     dtype = s.phi.dtype
     cj = coef.cj
     first = s.fresh
-    cj_old = jnp.where(first, cj, s.cj_old)
-    rate_factor = jnp.where(first, 20.0, s.ss)
+    cj_old = where(first, cj, s.cj_old)
+    rate_factor = where(first, 20.0, s.ss)
     ratio = cj / cj_old
     setup = first | (ratio < 0.6) | (ratio > 1.0 / 0.6)
     if s.new_matrix is not None:
         setup = setup | s.new_matrix
-    rate_factor = jnp.where(cj != s.cj, 100.0, rate_factor)
+    rate_factor = where(cj != s.cj, 100.0, rate_factor)
     if problem.reset_newton_rate:
         rate_factor = jnp.full_like(rate_factor, 100.0)
     newton = newton_solve(problem.residual, problem.args, problem.linear_solver, t_eval,
@@ -476,7 +477,7 @@ def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
         violators = violated(problem.constraints, y_try)
         c = problem.constraints.astype(dtype)
         strict = (jnp.abs(c) > 1.5).astype(dtype)
-        projection = jnp.where(violators, y_try - 0.1 * strict * c / ewt, 0.0)
+        projection = where(violators, y_try - 0.1 * strict * c / ewt, 0.0)
         small = wrms(projection, ewt) <= EPS_NEWT
         projected = converged & jnp.any(violators) & small
         # A projection the DAE undoes at once: y' points across the bound, by more than
@@ -486,10 +487,10 @@ def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
         yp_try = yp_pred + cj * ee
         outward = violators & (c * yp_try < 0) & (jnp.abs(h * yp_try) * ewt > 1e-3)
         pressing = projected & jnp.any(outward)
-        ee = jnp.where(projected, ee - projection, ee)
+        ee = where(projected, ee - projection, ee)
         constraint_fail = converged & jnp.any(violators) & ~small
-        ratio_c = jnp.where(violators,
-                            s.phi[0] / jnp.where(violators, s.phi[0] - y_try, 1.0), jnp.inf)
+        ratio_c = where(violators,
+                            s.phi[0] / where(violators, s.phi[0] - y_try, 1.0), jnp.inf)
         eta_constraint = jnp.maximum(0.9 * jnp.min(ratio_c), 0.1)
         converged = converged & ~constraint_fail
     return Corrector(newton=newton, correction=ee, y=y_pred + ee, yp=yp_pred + cj * ee,
@@ -522,8 +523,8 @@ def correct_sensitivities(problem: Problem, s: State, sens: SensitivityProblem, 
     order and J rebuilt — IDAS's staggered solver calls lsetup and iterates again within
     the step; redoing it keeps the loop body free of control flow."""
     newton = corrector.newton
-    rate_factor = jnp.where(s.fresh | (newton.num_jacobian_evals > 0), 20.0, s.ss_sens)
-    rate_factor = jnp.where(cj != s.cj, 100.0, rate_factor)
+    rate_factor = where(s.fresh | (newton.num_jacobian_evals > 0), 20.0, s.ss_sens)
+    rate_factor = where(cj != s.cj, 100.0, rate_factor)
     corrected = sensitivity_corrector(problem, sens, t_eval, corrector.y, corrector.yp, cj, s_pred,
                                       sp_pred, ewt_s, newton.lin_state, newton.cj_old,
                                       rate_factor)
@@ -570,10 +571,10 @@ def error_test(problem: Problem, weights: Weights, coef: Coefficients, hist: Par
     diff2 = hist.map(lambda h_, d: d + history_row(h_, k - 1), diff1)
     err_km2 = _at(sigma, k - 2) * error_norm(problem, weights, diff2)
     terr_km2 = (k - 1) * err_km2
-    lower = jnp.where(k > 2, jnp.maximum(terr_km1, terr_km2) <= terr_k,
+    lower = where(k > 2, jnp.maximum(terr_km1, terr_km2) <= terr_k,
                       (k == 2) & (terr_km1 <= 0.5 * terr_k))
     return ErrorTest(norm_k=norm_k, err_k=err_k, err_km1=err_km1, terr_k=terr_k,
-                     terr_km1=terr_km1, k_new=jnp.where(lower, k - 1, k),
+                     terr_km1=terr_km1, k_new=where(lower, k - 1, k),
                      norm_smooth=norm_smooth, norm_alg=norm_alg)
 
 
@@ -619,13 +620,13 @@ def sensitivity_jump(problem: Problem, s: State, coef: Coefficients, test: Error
     last_norm, last_h, last_t, last_k = s.sens_jump
     jump = (alg_only & (last_norm > 0) & (t_new <= last_t) & (k == last_k)
             & (h <= JUMP_STEP * last_h) & (test.norm_alg >= JUMP_RATIO * last_norm))
-    record = jnp.where(alg_only & ~jump,
+    record = where(alg_only & ~jump,
                        jnp.stack([test.norm_alg, h, t_new, k.astype(h.dtype)]), s.sens_jump)
     err = _at(coef.sigma, k) * test.norm_smooth
     inf = jnp.full_like(err, jnp.inf)
     over = test._replace(norm_k=test.norm_smooth, err_k=err, err_km1=inf,
                          terr_k=(k + 1) * err, terr_km1=inf, k_new=k)
-    return jump, record, jax.tree_util.tree_map(lambda a, b: jnp.where(jump, a, b), over, test)
+    return jump, record, jax.tree_util.tree_map(lambda a, b: where(jump, a, b), over, test)
 
 
 def _forget_differences(phi, keep):
@@ -648,13 +649,13 @@ class NextStep(NamedTuple):
 
 
 def _eta_power(base, k_new, other=None):
-    """IDAS's step ratio base^(−1/(k_new+1)). `other` = (where, base, k_new): the ratio
-    of another candidate where `where` (a failed attempt's retry, `handle_failure`),
+    """IDAS's step ratio base^(−1/(k_new+1)). `other` = (use, base, k_new): the ratio
+    of another candidate where `use` (a failed attempt's retry, `handle_failure`),
     from the same power: an attempt uses one of the two, and the power of 256
     members' values is among the dearest operations of a batched trip."""
     if other is not None:
-        where, base_o, k_o = other
-        base, k_new = jnp.where(where, base_o, base), jnp.where(where, k_o, k_new)
+        use, base_o, k_o = other
+        base, k_new = where(use, base_o, base), where(use, k_o, k_new)
     return base ** (-1.0 / (k_new + 1))
 
 
@@ -687,7 +688,7 @@ def select_order_and_step(problem: Problem, s: State, weights: Weights, coef: Co
     num_steps = s.stats["num_steps"] + 1
     kdiff = k - s.k_used
     top = jnp.minimum(problem.max_order, MAXORD)
-    phase = jnp.where((test.k_new == k - 1) | (k >= top), 1, s.phase)
+    phase = where((test.k_new == k - 1) | (k >= top), 1, s.phase)
     err_kp1 = error_norm(problem, weights,
                          corr.map(lambda c, h_: c - history_row(h_, k + 1), hist)) / (k + 2)
     terr_kp1 = (k + 2) * err_kp1
@@ -696,19 +697,19 @@ def select_order_and_step(problem: Problem, s: State, weights: Weights, coef: Co
     act_lower = (((test.k_new == k - 1)
                   | (~hold & (k > 1) & (test.terr_km1 <= jnp.minimum(test.terr_k, terr_kp1))))
                  & ~recovering)
-    act_raise = ~act_lower & ~hold & jnp.where(k == 1, terr_kp1 < 0.5 * test.terr_k,
+    act_raise = ~act_lower & ~hold & where(k == 1, terr_kp1 < 0.5 * test.terr_k,
                                               terr_kp1 < test.terr_k)
     k_sel = k + act_raise.astype(k.dtype) - act_lower.astype(k.dtype)
-    err_knew = jnp.where(act_raise, err_kp1, jnp.where(act_lower, test.err_km1, test.err_k))
+    err_knew = where(act_raise, err_kp1, where(act_lower, test.err_km1, test.err_k))
     eta = _eta_power(2.0 * err_knew + 1e-4, k_sel, failed)
-    h_sel = jnp.where(eta >= 2.0, 2.0 * h,
-                      jnp.where(eta <= 1.0, h * jnp.clip(eta, ETA_MIN, ETA_LOW), h))
+    h_sel = where(eta >= 2.0, 2.0 * h,
+                      where(eta <= 1.0, h * jnp.clip(eta, ETA_MIN, ETA_LOW), h))
     still_recovering = recovering & ((coef.ns <= k + 1) | act_raise)
-    h_sel = jnp.where(still_recovering, jnp.minimum(h_sel, h), h_sel)
+    h_sel = where(still_recovering, jnp.minimum(h_sel, h), h_sel)
     h_sel = jnp.maximum(h_sel, problem.min_step)
     in_phase0 = phase == 0
-    k_next = jnp.minimum(jnp.where(in_phase0, jnp.where(num_steps > 1, k + 1, k), k_sel), top)
-    h_next = jnp.where(in_phase0, jnp.where(num_steps > 1, 2.0 * h, h), h_sel)
+    k_next = jnp.minimum(where(in_phase0, where(num_steps > 1, k + 1, k), k_sel), top)
+    h_next = where(in_phase0, where(num_steps > 1, 2.0 * h, h), h_sel)
     return NextStep(k=k_next, h=h_next, phase=phase, still_recovering=still_recovering,
                     eta_power=None if failed is None else eta)
 
@@ -728,7 +729,7 @@ class Failure(NamedTuple):
 def failure_power(test: ErrorTest, k):
     """(base, k_new) of the first error-test failure's retry (`handle_failure`):
     η = 0.9 base^(−1/(k_new+1))."""
-    err_knew = jnp.where(test.k_new == k, test.err_k, test.err_km1)
+    err_knew = where(test.k_new == k, test.err_k, test.err_km1)
     return 2.0 * err_knew + 1e-4, test.k_new
 
 
@@ -748,12 +749,12 @@ def handle_failure(problem: Problem, s: State, corrector: Corrector, test: Error
         eta_power = _eta_power(*failure_power(test, k))
     eta_ef1 = jnp.clip(0.9 * eta_power,
                        ETA_MIN_EF, ETA_LOW)
-    eta = jnp.where(conv_fail, jnp.where(corrector.constraint_fail, corrector.eta_constraint, ETA_CF),
-                    jnp.where(redo, 1.0, jnp.where(nef == 1, eta_ef1, ETA_MIN_EF)))
-    k_fail = jnp.where(conv_fail | redo, k, jnp.where(nef >= 3, 1, test.k_new))
+    eta = where(conv_fail, where(corrector.constraint_fail, corrector.eta_constraint, ETA_CF),
+                    where(redo, 1.0, where(nef == 1, eta_ef1, ETA_MIN_EF)))
+    k_fail = where(conv_fail | redo, k, where(nef >= 3, 1, test.k_new))
     return Failure(conv_fail=conv_fail, error_fail=error_fail, nef=nef, ncf=ncf,
                    h=jnp.maximum(h * eta, problem.min_step), k=k_fail,
-                   rescale=jnp.where(s.fresh, eta, 1.0))
+                   rescale=where(s.fresh, eta, 1.0))
 
 
 def updated_stats(problem: Problem, s: State, newton: NewtonResult, linear_stats: dict,
@@ -770,7 +771,7 @@ def updated_stats(problem: Problem, s: State, newton: NewtonResult, linear_stats
     if sens_residual_evals is not None:
         stats["num_sensitivity_residual_evals"] = (stats["num_sensitivity_residual_evals"]
                                                    + sens_residual_evals)
-    stats["num_steps"] = jnp.where(passed, s.stats["num_steps"] + 1, s.stats["num_steps"])
+    stats["num_steps"] = where(passed, s.stats["num_steps"] + 1, s.stats["num_steps"])
     stats["num_error_test_failures"] = stats["num_error_test_failures"] + failure.error_fail
     stats["num_nonlinear_convergence_failures"] = (stats["num_nonlinear_convergence_failures"]
                                                    + failure.conv_fail)
@@ -928,9 +929,9 @@ def attempt_step_part(problem: Problem, s: State, pending=None, iterations: int 
     hist_fail = hist.map(lambda _, phi: update_row(phi, 1, lambda row: row * failure.rescale),
                          source).fill(source)
     stats = updated_stats(problem, s, newton, linear_stats, sens_residual_evals, passed, failure)
-    npress = None if s.npress is None else jnp.where(corrector.pressing, s.npress + 1, 0)
+    npress = None if s.npress is None else where(corrector.pressing, s.npress + 1, 0)
     result = status(problem, s, corrector, failure, passed, npress, at_min_step,
-                    jnp.where(passed, accept.h, failure.h), t_new, too_accurate)
+                    where(passed, accept.h, failure.h), t_new, too_accurate)
 
     # --- the two outcomes -------------------------------------------------------------
     new_hist = hist.map(lambda phi, c: complete_history(phi, c, k), corr).fill(source)
@@ -938,7 +939,7 @@ def attempt_step_part(problem: Problem, s: State, pending=None, iterations: int 
         # Over a jump the algebraic sensitivities' differences hold the jump, not their
         # variation: keep their value only (the next predictor holds it constant), as
         # a restart would.
-        keep = jnp.where(jump, 1.0 - sens.algebraic, 1.0)
+        keep = where(jump, 1.0 - sens.algebraic, 1.0)
         new_hist = new_hist._replace(s=_forget_differences(new_hist.s, keep))
     accepted_state = State(
         t=t_new, h=accept.h, h_used=h, k=accept.k, k_used=k, ns=coef.ns, phase=accept.phase,
@@ -948,7 +949,7 @@ def attempt_step_part(problem: Problem, s: State, pending=None, iterations: int 
         lin_state=newton.lin_state,
         jac_point=newton.jac_point, nef=jnp.zeros_like(failure.nef),
         ncf=jnp.zeros_like(failure.ncf), npress=npress,
-        h_nan=jnp.where(h >= s.h_nan, 0.0, s.h_nan), fresh=jnp.zeros((), bool),
+        h_nan=where(h >= s.h_nan, 0.0, s.h_nan), fresh=jnp.zeros((), bool),
         restart_pending=(None if problem.breakpoints is None
                          else jnp.any(problem.breakpoints == t_new)),
         recovering=accept.still_recovering | (s.nef > 0),
@@ -958,14 +959,14 @@ def attempt_step_part(problem: Problem, s: State, pending=None, iterations: int 
     nan_fail = failure.conv_fail & (newton.fail_kind == FAIL_NONFINITE)
     rejected_state = State(
         t=s.t, h=failure.h, h_used=s.h_used, k=failure.k, k_used=s.k_used, ns=coef.ns,
-        phase=jnp.where(redo, s.phase, jnp.ones_like(accept.phase)), phi=hist_fail.y,
+        phase=where(redo, s.phase, jnp.ones_like(accept.phase)), phi=hist_fail.y,
         phiq=hist_fail.q, phis=hist_fail.s, phiqs=hist_fail.sq,
-        psi=jnp.where(s.fresh & (jnp.arange(NPHI) == 0), failure.h, s.psi), cj=cj,
+        psi=where(s.fresh & (jnp.arange(NPHI) == 0), failure.h, s.psi), cj=cj,
         cj_old=newton.cj_old, ss=newton.ss, ss_sens=ss_sens,
         new_matrix=None if s.new_matrix is None else redo,
         lin_state=newton.lin_state, jac_point=newton.jac_point,
-        nef=jnp.where(failure.conv_fail, s.nef, failure.nef), ncf=failure.ncf,
-        npress=s.npress, h_nan=jnp.where(nan_fail, h, s.h_nan), fresh=s.fresh,
+        nef=where(failure.conv_fail, s.nef, failure.nef), ncf=failure.ncf,
+        npress=s.npress, h_nan=where(nan_fail, h, s.h_nan), fresh=s.fresh,
         restart_pending=s.restart_pending, recovering=s.recovering | failure.error_fail,
         sens_jump=jump_record,
         stats=stats, result=result,
@@ -1039,7 +1040,7 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
     block = min(OUTPUT_BLOCK, n_save)
 
     def due(o):
-        return passed & (o.index < n_save) & (o.ts[jnp.minimum(o.index, n_save - 1)] <= limit)
+        return passed & (o.index < n_save) & (row(o.ts, o.index) <= limit)
 
     def write_block(o):
         # Rows index … index + block − 1, clipped to the buffer: the slice start is
@@ -1053,7 +1054,7 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
         def put(buf, new):
             old = jax.lax.dynamic_slice_in_dim(buf, start, block)
             mask = do.reshape((block,) + (1,) * (old.ndim - 1))
-            return jax.lax.dynamic_update_slice_in_dim(buf, jnp.where(mask, new, old), start, 0)
+            return jax.lax.dynamic_update_slice_in_dim(buf, where(mask, new, old), start, 0)
 
         # Due rows are consecutive from `index`: the count advances the index.
         new = dict(yd=put(o.yd, jnp.einsum("bmj,jn->bmn", w, s.phi)),
@@ -1120,8 +1121,8 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     def next_output(out):
         if n_save == 0:
             return t_end
-        t_next = out.ts[jnp.minimum(out.index, n_save - 1)]
-        return jnp.where(out.index < n_save, jnp.minimum(t_next, t_end), t_end)
+        t_next = row(out.ts, out.index)
+        return where(out.index < n_save, jnp.minimum(t_next, t_end), t_end)
 
     # Recorders writing every step stay in the step loop; sparse ones (checkpoints)
     # make the step loop stop when they are due and record in the outer loop. A staged
@@ -1232,7 +1233,7 @@ def _output_limit(problem: Problem, ev: EventState | None):
     (None without events)."""
     if ev is None or problem.event is None:
         return None
-    return jnp.where(ev.stopped & problem.event.terminal, ev.t[0], jnp.inf)
+    return where(ev.stopped & problem.event.terminal, ev.t[0], jnp.inf)
 
 
 # Newton iterations per trip of the batched step loop (`attempt_step_part`; None: each
@@ -1346,7 +1347,7 @@ def write_output_rows(s: State, out: Outputs, t_limit=None, passed=True) -> Outp
     limit = s.t if t_limit is None else jnp.minimum(s.t, t_limit)
 
     def due(o):
-        return passed & (o.index < n_save) & (o.ts[jnp.minimum(o.index, n_save - 1)] <= limit)
+        return passed & (o.index < n_save) & (row(o.ts, o.index) <= limit)
 
     def write_row(o):
         do = due(o)
@@ -1361,7 +1362,7 @@ def write_output_rows(s: State, out: Outputs, t_limit=None, passed=True) -> Outp
 
         # A member with no row due writes past the end (dropped): no read of the row
         # to write it back unchanged.
-        row = jnp.where(do, i, n_save)
+        row = where(do, i, n_save)
 
         def put(buf, new):
             return buf.at[row].set(new, mode="drop")
@@ -1409,7 +1410,7 @@ def _print_progress(t, t_end, steps, h):
 
 def _write_slot(buffer, i, value, do):
     return jax.tree_util.tree_map(
-        lambda b, v: b.at[i].set(jnp.where(do, v, b[i])), buffer, value)
+        lambda b, v: b.at[i].set(where(do, v, b[i])), buffer, value)
 
 
 def strip_linear_state(s: State) -> State:
@@ -1566,7 +1567,7 @@ class StepRecorder(eqx.Module):
         j = jnp.arange(stage.t.shape[0] - 1)
         rows = self.t.shape[0]
         # Row `rows` is out of bounds: the stage's unused rows are not written.
-        history = jnp.where(j < stage.count, self.count + j, rows)
+        history = where(j < stage.count, self.count + j, rows)
 
         def put(b, v, at):
             return b.at[at].set(v, mode="drop")
@@ -1668,7 +1669,7 @@ class SegmentRecorder(eqx.Module):
     @property
     def index(self) -> Int[Array, ""]:
         """The segment the ring ends in (−1 before the first step)."""
-        return jnp.where(self.steps > 0, (self.steps - 1) // self.every, -1)
+        return where(self.steps > 0, (self.steps - 1) // self.every, -1)
 
     def record(self, s: State, passed) -> "SegmentRecorder":
         row = s.stats["num_steps"] % (self.every + 1)      # counts this step if it passed
@@ -1683,7 +1684,7 @@ class SegmentRecorder(eqx.Module):
         count = self.steps - start
         j = jnp.arange(like.t.shape[0])
         src = (start + j) % rows
-        t = jnp.where(j <= count, self.t[src], jnp.inf)
+        t = where(j <= count, self.t[src], jnp.inf)
         new = dataclasses.replace(like, t=t, y=self.y[src], yp=self.yp[src], count=count)
         if not self.hermite:
             new = dataclasses.replace(new, phi=self.phi[src[1:]], psi=self.psi[src[1:]],

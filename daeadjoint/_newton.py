@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from ._bdf import wrms
 from ._jax_internals import unvmap_any
+from ._ops import tree_where, where
 
 EPS_NEWT = 0.33           # IDAS epcon: Newton tolerance relative to the error test
 TOLDEL = 1e-4 * EPS_NEWT  # IDAS toldel
@@ -34,10 +35,6 @@ MAX_ITERS = 4
 
 # Why an iteration failed (for the status reported after repeated failures).
 FAIL_CONVERGENCE, FAIL_SINGULAR, FAIL_NONFINITE, FAIL_LINEAR = 0, 1, 2, 3
-
-
-def tree_where(pred, a, b):
-    return jax.tree_util.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)
 
 
 def maybe_update(pred, update, operand, pass_operand: bool = False, selects: bool = False):
@@ -232,8 +229,8 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
                                                          pass_operand=True, selects=True)
         mask = probed[0] if probed else c.mask
         singular = do_setup & singular
-        cj_old_ = jnp.where(do_setup, cj, c.cj_old)
-        ss_ = jnp.where(do_setup, 20.0, c.ss)
+        cj_old_ = where(do_setup, cj, c.cj_old)
+        ss_ = where(do_setup, 20.0, c.ss)
         jcur = c.jcur | do_setup
 
         y_it, yp_it = y_pred + ee, yp_pred + cj * ee
@@ -253,15 +250,15 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
             x, lin_stats = linear_solver.solve_where(solving, lin, -g, weights=ewt,
                                                      operator=operator)
         if scale_cols:
-            x = x * jnp.where(index2, cj_old_, 1.0)   # x = D w, D of the setup (cj_old)
+            x = x * where(index2, cj_old_, 1.0)   # x = D w, D of the setup (cj_old)
         delta = x * scale
         ee_new = ee + delta
         delnrm = wrms(delta, ewt)
         m = c.m
         first = m == 0
-        rate = (delnrm / jnp.where(first, 1.0, c.oldnrm)) ** (1.0 / jnp.maximum(m, 1))
+        rate = (delnrm / where(first, 1.0, c.oldnrm)) ** (1.0 / jnp.maximum(m, 1))
         diverging = ~first & (rate > RATE_MAX)
-        ss_ = jnp.where(first, ss_, rate / (1.0 - rate))
+        ss_ = where(first, ss_, rate / (1.0 - rate))
         converged = (first & (delnrm <= 1e-4 * TOLDEL)) | (~diverging & (ss_ * delnrm <= EPS_NEWT))
         bad = singular | ~finite | ~jnp.isfinite(delnrm)
         lin_failed = linear_solver.solve_failed(lin_stats)
@@ -277,17 +274,17 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         retry = failed & ~jcur
         # A NaN residual usually also poisons J (whose factorization then looks
         # singular): report the cause, not the symptom.
-        fail_kind = jnp.where(~finite, FAIL_NONFINITE,
-                              jnp.where(singular, FAIL_SINGULAR,
-                                        jnp.where(lin_failed_any, FAIL_LINEAR,
+        fail_kind = where(~finite, FAIL_NONFINITE,
+                              where(singular, FAIL_SINGULAR,
+                                        where(lin_failed_any, FAIL_LINEAR,
                                                   FAIL_CONVERGENCE)))
         # A wrong algebraic mask ends the iteration (the step reports it).
-        status = jnp.where(mask, 2, jnp.where(converged, 1, jnp.where(failed & ~retry, 2, 0)))
+        status = where(mask, 2, where(converged, 1, where(failed & ~retry, 2, 0)))
         status = status.astype(int_)
         return _Iteration(
-            ee=jnp.where(retry, 0.0, ee_new),
-            m=jnp.where(retry, 0, m + 1).astype(int_),
-            oldnrm=jnp.where(first, delnrm, c.oldnrm),
+            ee=where(retry, 0.0, ee_new),
+            m=where(retry, 0, m + 1).astype(int_),
+            oldnrm=where(first, delnrm, c.oldnrm),
             ss=ss_, lin=lin, jac_point=jac_point, cj_old=cj_old_, jcur=jcur & ~retry, setup=retry,
             status=status, fail_kind=fail_kind.astype(int_), lin_failed_any=lin_failed_any,
             mask=mask,

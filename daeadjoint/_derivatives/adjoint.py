@@ -70,6 +70,7 @@ from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder
                            integrate, restore_linear_state, segment_capacity)
 from .._linalg.linear_solver import AbstractLinearSolver
 from .._newton import maybe_update, tree_where
+from .._ops import where
 from .._results import RESULTS, runtime_errors_raise, succeeded
 from .discrete_adjoint import (DiscreteAdjoint, discrete_segment, initial_value_tangents,
                                replayed_steps, sweep_setup, zero_bars)
@@ -161,7 +162,7 @@ class TrajectoryRecorder(eqx.Module):
         """These nodes, then those of `stage`: the rows `record` would have written."""
         node = stage.node
         j = jnp.arange(node.t.shape[0] - 1)
-        at = jnp.where(j < node.count, self.steps + 1 + j, self.t.shape[0])
+        at = where(j < node.count, self.steps + 1 + j, self.t.shape[0])
 
         def put(b, v):
             return b.at[at].set(v, mode="drop")
@@ -180,7 +181,7 @@ class TrajectoryRecorder(eqx.Module):
         start = jnp.minimum(i * every, self.steps_kept - every)
         count = jnp.clip(self.steps - start, 0, every)
         t = jax.lax.dynamic_slice_in_dim(self.t, start, rows)
-        t = jnp.where(jnp.arange(rows) <= count, t, jnp.inf)
+        t = where(jnp.arange(rows) <= count, t, jnp.inf)
         return dataclasses.replace(like, t=t, y=jax.lax.dynamic_slice_in_dim(self.y, start, rows),
                                    yp=jax.lax.dynamic_slice_in_dim(self.yp, start, rows),
                                    count=count)
@@ -366,7 +367,7 @@ class AdjointSolver(AbstractLinearSolver):
         # configured for (a user Jacobian or preconditioner receives the user's args).
         if self._scaled():
             # J D: the Jacobian of w ↦ F(t, D w, D w') at w = D⁻¹ y.
-            d = jnp.where(self.index2, cj, 1.0).astype(y.dtype)
+            d = where(self.index2, cj, 1.0).astype(y.dtype)
             res = self.terms.residual
             inner = self.inner.setup(lambda t_, w_, wp_, a: res(t_, d * w_, d * wp_, a), t,
                                      y / d, yp / d, cj, self.terms.args(p))
@@ -381,7 +382,7 @@ class AdjointSolver(AbstractLinearSolver):
         g1, g2 = g[:, :n], g[:, n:]
         r = g1 - cj * g2
         if self._scaled():
-            r = r * jnp.where(self.index2, cj, 1.0).astype(r.dtype)   # (J D)⁻ᵀ (D r)
+            r = r * where(self.index2, cj, 1.0).astype(r.dtype)   # (J D)⁻ᵀ (D r)
         op = None
         if self.inner.needs_operator:
             _, op = jax.linearize(lambda v: self.residual(t, y + v, yp + cj * v, args),
@@ -473,7 +474,7 @@ def adjoint_problem(terms: _Terms, linear_solver, n, k, equations, buf, w, p, rt
     # left out of the error test (see the module docstring). With `index2` these include
     # the multipliers of the index-2 constraints, the adjoint's index-2 variables, which
     # Li & Petzold (DASPKADJOINT §5.5) leave out of the test too.
-    one = jnp.concatenate([jnp.ones((n,), dtype), jnp.where(equations, 0.0, 1.0).astype(dtype)])
+    one = jnp.concatenate([jnp.ones((n,), dtype), where(equations, 0.0, 1.0).astype(dtype)])
     return Problem(
         residual=residual, quadrature=quadrature if npar else None,
         linear_solver=AdjointSolver(inner=linear_solver, terms=terms, n=n, k=k, index2=index2),
@@ -594,9 +595,9 @@ def index2_restart_values(terms, solver, split, rows, t, mu, w, evaluate, p):
     gy, gyp, _ = terms.source(t, y, yp, w, p)
     nu, singular = _hidden_solve_t(terms, solver, split, rows, t, y, yp, p,
                                    split.alg_t(gy) + split.diff_t(mu + gyp))
-    fy_c, _, fp_c = terms.f_transpose(t, y, yp, p, jnp.where(c, nu, 0.0))
+    fy_c, _, fp_c = terms.f_transpose(t, y, yp, p, where(c, nu, 0.0))
     mu = split.diff_t(mu - fy_c) - split.alg_t(gyp)        # μ_d + g_xᵀκ, κ = −ν_C
-    lam_hat = jnp.where(c, 0.0, nu)
+    lam_hat = where(c, 0.0, nu)
 
     def along(t_):
         y_, yp_ = evaluate(t_)
@@ -607,10 +608,10 @@ def index2_restart_values(terms, solver, split, rows, t, mu, w, evaluate, p):
     (fy, _, gy, _), (dfy, dfyp, dgy, dgyp) = jax.jvp(along, (t,), (jnp.ones_like(t),))
     rhs = split.diff_t(fy - gy - dfyp + dgyp) + split.alg_t(dgy - dfy)
     nu2, singular2 = _hidden_solve_t(terms, solver, split, rows, t, y, yp, p, rhs)
-    lam = lam_hat - jnp.where(c, nu2, 0.0)
+    lam = lam_hat - where(c, nu2, 0.0)
     fy_lam, _, _ = terms.f_transpose(t, y, yp, p, lam)
     mu_s = gy - fy_lam
-    lam_s = -jnp.where(c, 0.0, nu2)      # d/ds = −d/dt; λ_C's rate only starts a predictor
+    lam_s = -where(c, 0.0, nu2)      # d/ds = −d/dt; λ_C's rate only starts a predictor
     flat = lambda u, v: jnp.concatenate([u, v], axis=1).reshape(-1)  # noqa: E731
     return flat(mu, lam), flat(mu_s, lam_s), -fp_c, singular | singular2
 
@@ -674,7 +675,7 @@ def replay_segment(problem_fwd: Problem, ck, c, t_next, yp0, buf0, max_steps):
     st = restore_linear_state(prob, ck)
     # y' at the checkpoint: the BDF interpolant there, or y'0 at the very start.
     _, yp_start = StepRecorder._node(st)
-    yp_start = jnp.where(c == 0, yp0, yp_start)
+    yp_start = where(c == 0, yp0, yp_start)
     n, nq = st.phi.shape[1], st.phiq.shape[1]
     empty = _empty_outputs(st.phi.dtype, n, nq)
     rec = buf0.start(st, yp_start)
@@ -771,10 +772,10 @@ class _Backward(eqx.Module):
     def next_time(self, t_low, obs, t_cur):
         """Where the integration of (A) stops next: the next earlier observation, the
         next earlier breakpoint of the inputs, or the segment's start."""
-        t = jnp.maximum(t_low, jnp.where(obs >= 0, self.ts[jnp.maximum(obs, 0)], -jnp.inf))
+        t = jnp.maximum(t_low, where(obs >= 0, self.ts[jnp.maximum(obs, 0)], -jnp.inf))
         if self.breakpoints is None:
             return t
-        return jnp.maximum(t, jnp.max(jnp.where(self.breakpoints < t_cur, self.breakpoints,
+        return jnp.maximum(t, jnp.max(where(self.breakpoints < t_cur, self.breakpoints,
                                                 -jnp.inf)))
 
     def at_breakpoint(self, t):
@@ -817,8 +818,8 @@ def observe(bw: _Backward, c: _Sweep) -> _Sweep:
 
     def do_restart():
         t = c.t_cur
-        mu = jnp.where(c.started, bw.mu(adj_old), 0.0)
-        banked = jnp.where(c.started, adj_old.phiq[0].reshape(k, npar), 0.0)
+        mu = where(c.started, bw.mu(adj_old), 0.0)
+        banked = where(c.started, adj_old.phiq[0].reshape(k, npar), 0.0)
         w = c.w + qb
         y, yp = c.buf.evaluate(t)
         split = bw.split(t, y, yp)
@@ -837,7 +838,7 @@ def observe(bw: _Backward, c: _Sweep) -> _Sweep:
         s0 = jnp.zeros((), dtype)
         h0 = initial_step(prob, s0, Z, Zs, prob.quad(s0, Z, Zs), t - t_next)
         fresh = initial_state(prob, s0, Z, Zs, h0)
-        steps = c.adj_steps + jnp.where(c.started, adj_old.stats["num_steps"], 0)
+        steps = c.adj_steps + where(c.started, adj_old.stats["num_steps"], 0)
         new = (fresh, w, c.pbar + banked + p_jump, steps, t, equations, singular)
         return tree_where(jumps, new, old + (jnp.zeros((), bool),))
 
@@ -858,7 +859,7 @@ def rebase(c: _Sweep) -> _Sweep:
     absolute time but not in s = t_r − t when t_r ≫ t. Only s and the setup point move:
     the BDF history is in step sizes."""
     t_r, adj = c.t_r, c.adj
-    d = jnp.where(jnp.abs(c.t_cur) < t_r - c.t_cur, -t_r, 0.0).astype(adj.t.dtype)
+    d = where(jnp.abs(c.t_cur) < t_r - c.t_cur, -t_r, 0.0).astype(adj.t.dtype)
     adj = eqx.tree_at(lambda a: (a.t, a.jac_point[0]), adj, (adj.t + d, adj.jac_point[0] + d))
     return c._replace(adj=adj, t_r=t_r + d)
 
@@ -909,7 +910,7 @@ class _Nodes(eqx.Module):
         for c, x in enumerate(pieces[1:], 1):
             row = jax.lax.dynamic_index_in_dim(x, jnp.clip(j - c * r, 0, x.shape[0] - 1),
                                                keepdims=False)
-            out = jnp.where(j >= c * r, row, out)
+            out = where(j >= c * r, row, out)
         return out
 
     def evaluate(self, t):
@@ -945,7 +946,7 @@ def integrate_segment(bw: _Backward, c: _Sweep, max_steps: int) -> _Sweep:
         ok = c.ok & (adj.result == RESULTS.successful)
         # After a singular restart (c.ok already false) the attempt's result is dropped.
         return c._replace(adj=tree_where(c.ok, adj, c.adj), started=jnp.ones((), bool),
-                          t_cur=jnp.where(c.ok, t_next, c.t_cur), ok=ok)
+                          t_cur=where(c.ok, t_next, c.t_cur), ok=ok)
 
     return jax.lax.while_loop(cond, body, c)
 
@@ -965,7 +966,7 @@ def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: _Sweep, i, y
     ck = jax.tree_util.tree_map(lambda x: x[i], cks.states)
     # The last segment ends where the forward run did (t1, or the step holding a
     # terminal event).
-    t_next = jnp.where(i + 1 >= n_ck, rec.t_final, cks.states.t[jnp.minimum(i + 1, ck_cap - 1)])
+    t_next = where(i + 1 >= n_ck, rec.t_final, cks.states.t[jnp.minimum(i + 1, ck_cap - 1)])
     kept = (need & (i == rec.segment.index) & ~replay_all if rec.segment is not None
             else jnp.zeros((), bool))
     every = cks.every
@@ -1055,11 +1056,11 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
             c = integrate_segment(bw, c, max_adj)
         else:
             # The discrete pass leaves (A) alone: an empty interval, no trip of its loop.
-            c = integrate_segment(bw, c._replace(t_low=jnp.where(d.on, c.t_cur, t_low)),
+            c = integrate_segment(bw, c._replace(t_low=where(d.on, c.t_cur, t_low)),
                                   max_adj)
             ck = jax.tree_util.tree_map(lambda x: x[i], rec.checkpoints.states)
             steps = replayed_steps(sw, buf, i, rec.t_final)
-            h1 = jnp.where(i == 0, buf.h_step[0], d.h1)
+            h1 = where(i == 0, buf.h_step[0], d.h1)
             bars = maybe_update(d.on & c.ok, lambda: discrete_segment(
                 sw, inputs, rec, steps, ck, i == 0, h1, d.bars), d.bars)
             d = d._replace(bars=bars, h1=h1)
@@ -1067,7 +1068,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
 
     # A failed forward run has no trajectory to go back along: skip (its derivatives
     # are reported NaN by the caller), so one failed batch member costs nothing.
-    carry0 = _Sweep(segment=jnp.where(succeeded(rec.result), rec.checkpoints.count - 1, -1),
+    carry0 = _Sweep(segment=where(succeeded(rec.result), rec.checkpoints.count - 1, -1),
                     t_cur=ts[-1], t_low=ts[-1], obs=jnp.asarray(ts.shape[0] - 1, jnp.int32),
                     adj=adj0, w=w0, pbar=jnp.zeros((k, terms.npar), dtype), buf=buf0,
                     started=jnp.zeros((), bool), ok=jnp.ones((), bool),
@@ -1082,7 +1083,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         # Cotangents the continuous adjoint cannot take: on y' of algebraic components
         # and on higher derivatives of the dense output (third-order derivatives through
         # saveat). They are exactly zero unless such a derivative is asked for.
-        unsupported = (jnp.any(jnp.where(inputs.algebraic, bw.ypbar, 0.0) != 0)
+        unsupported = (jnp.any(where(inputs.algebraic, bw.ypbar, 0.0) != 0)
                        | jnp.any(yd_bar[:, :, 2:] != 0))
         result = RESULTS.where(~c.ok | singular, RESULTS.adjoint_failed,
                                RESULTS.where(unsupported, RESULTS.unsupported_cotangent,
@@ -1110,7 +1111,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         no = (jnp.zeros((), bool), singular_c)
         failed, singular = jax.lax.cond(unvmap_any(ended),
                                         lambda: tree_where(ended, check(), no), lambda: no)
-        c = c._replace(segment=jnp.where(failed, carry0.segment, c.segment), ok=c.ok | failed)
+        c = c._replace(segment=where(failed, carry0.segment, c.segment), ok=c.ok | failed)
         return c, d._replace(on=d.on | failed), singular
 
     # One loop over the segments for both passes (the continuous adjoint's, then where it
@@ -1125,7 +1126,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
     # The continuous pass's cotangents (its end state is c unless the discrete pass ran;
     # a forward run that failed makes no trip, and its cotangents are NaN'd by the caller).
     out, result, singular = finish(c)
-    singular = jnp.where(d.on, singular_c, singular)
+    singular = where(d.on, singular_c, singular)
 
     def discrete():
         """The discrete pass's cotangents: through the initial history to the inputs
@@ -1166,8 +1167,8 @@ def at_t0(bw: _Backward, config, inputs, c: _Sweep, unravel, pd, p_events):
     Returns (cotangents, whether M is singular at t0)."""
     k, npar, t0 = bw.k, bw.terms.npar, inputs.t0
     adj = c.adj
-    mu = jnp.where(c.started, bw.mu(adj), 0.0)
-    pbar = c.pbar + jnp.where(c.started, adj.phiq[0].reshape(k, npar), 0.0)
+    mu = where(c.started, bw.mu(adj), 0.0)
+    pbar = c.pbar + where(c.started, adj.phiq[0].reshape(k, npar), 0.0)
     _, yb, ypb, qb = bw.observed_at(c.obs, t0)
     y_t0, yp_t0 = c.buf.evaluate(t0)
     split = bw.split(t0, y_t0, yp_t0)

@@ -44,6 +44,7 @@ from .._core import Tangents
 from .._events import observations
 from .._integrator import CheckpointRecorder, StepLog
 from .._linalg.linear_solver import SetupWithArgs
+from .._ops import where
 from .._results import RESULTS, succeeded
 from .reverse import AbstractAdjoint
 from .tangents import _restrict, reverse_tangents_at_t0
@@ -209,17 +210,17 @@ def _replay_step(rp: _Replay, carry, xs: _StepData, p):
     # diverges (NaN) cannot poison the gradient through the discarded branch
     # (0 · NaN = NaN).
     sg = jax.lax.stop_gradient
-    picked, p = jax.tree_util.tree_map(lambda a: jnp.where(valid, a, sg(a)), (carry, p))
+    picked, p = jax.tree_util.tree_map(lambda a: where(valid, a, sg(a)), (carry, p))
     phi, phiq, control = picked
-    t_new = jnp.where(valid, t_new, control.h_used * 0)
-    h = jnp.where(valid, h, 1.0)
+    t_new = where(valid, t_new, control.h_used * 0)
+    h = where(valid, h, 1.0)
     coef = sg(set_coefficients(control.psi, h, k, control.k_used, control.h_used, control.ns,
                                rp.dtype))
     phi_s = scale_history(phi, coef.beta, coef.ns, k)
     phiq_s = scale_history(phiq, coef.beta, coef.ns, k)
     y_pred, yp_pred = predict(phi_s, coef.gamma, k)
     # The forward step's evaluation time (`_integrator.evaluation_time`).
-    t_eval = t_new if bps is None else jnp.where(jnp.any(bps == t_new), before(t_new), t_new)
+    t_eval = t_new if bps is None else where(jnp.any(bps == t_new), before(t_new), t_new)
     e = _corrector(rp.solver, rp.F, t_eval, y_pred, yp_pred, coef.cj, (p, rp.pst_arrays),
                    rp.newton_iters)
     y, yp = y_pred + e, yp_pred + coef.cj * e
@@ -227,7 +228,7 @@ def _replay_step(rp: _Replay, carry, xs: _StepData, p):
     eq = (rp.Q(t_eval, y, yp, p) - ypq_pred) / coef.cj
     new = (complete_history(phi_s, e, k), complete_history(phiq_s, eq, k),
            _Control(coef.psi, k, h, coef.ns))
-    new = jax.tree_util.tree_map(lambda x, y_: jnp.where(valid, x, y_), new, carry)
+    new = jax.tree_util.tree_map(lambda x, y_: where(valid, x, y_), new, carry)
     return new, (new[0], new[1], new[2].psi, new[2].k_used)
 
 
@@ -333,7 +334,7 @@ def replayed_steps(sw: Sweep, buf, i, t_final) -> SegmentSteps:
             & ((ts <= t_last) | (t_last >= t_final)))
     # A row of another segment gets a finite dummy end time: its zero cotangent times
     # interpolation weights at an unreached (inf) node would be NaN.
-    return SegmentSteps(xs=xs, local=local, t_end=jnp.where(here, t_new[local], ts), here=here)
+    return SegmentSteps(xs=xs, local=local, t_end=where(here, t_new[local], ts), here=here)
 
 
 def discrete_segment(sw: Sweep, inputs, rec, steps: SegmentSteps, ck, first, h1, bars):
@@ -348,7 +349,7 @@ def discrete_segment(sw: Sweep, inputs, rec, steps: SegmentSteps, ck, first, h1,
     # The first segment starts from the initial values (differentiated by
     # `initial_value_tangents`).
     init = _initial_history(rp, inputs.t0, rec.y0, rec.yp0, h1, p_flat)
-    phi, phiq, control = jax.tree_util.tree_map(lambda x, y: jnp.where(first, x, y), init, start)
+    phi, phiq, control = jax.tree_util.tree_map(lambda x, y: where(first, x, y), init, start)
 
     def segment(phi, phiq, p):
         """The steps from (φ, φ_Q) with the step data frozen; returns the end history
@@ -363,8 +364,8 @@ def discrete_segment(sw: Sweep, inputs, rec, steps: SegmentSteps, ck, first, h1,
 
         yd, qs = jax.vmap(output)(sw.ts, steps.local, steps.t_end)
         here = steps.here
-        return phi, phiq, (jnp.where(here[:, None, None], yd, 0.0),
-                           jnp.where(here[:, None], qs, 0.0))
+        return phi, phiq, (where(here[:, None, None], yd, 0.0),
+                           where(here[:, None], qs, 0.0))
 
     _, vjp = jax.vjp(segment, phi, phiq, p_flat)
     f_bar, fq_bar, pb = jax.vmap(vjp)((phi_bar, phiq_bar, (sw.yd_bar, sw.qbar)))
@@ -392,7 +393,7 @@ def discrete_backward(adjoint: DiscreteAdjoint, config, inputs, rec, ct, wanted)
 
     count = log.count
     # A failed forward run is skipped (its derivatives are reported NaN by the caller).
-    n_seg = jnp.where(succeeded(rec.result), (count + N - 1) // N, 0)
+    n_seg = where(succeeded(rec.result), (count + N - 1) // N, 0)
     cap = -(-log.t.shape[0] // N) * N
     pad = cap - log.t.shape[0]
     log_t = jnp.pad(log.t, (0, pad), constant_values=jnp.inf)

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
 from .._bdf import wrms
+from .._ops import where
 from .._newton import EPS_NEWT, MAX_ITERS, RATE_MAX, TOLDEL, _builds_from_residual
 
 
@@ -81,7 +82,7 @@ def direction_scale(x_dot_leaves, x_leaves, y0, yp0, t0_dot) -> Float[Array, " k
     if t0_dot is not None:
         scales.append(jnp.abs(t0_dot) * jnp.max(jnp.abs(yp0)) / jnp.maximum(jnp.max(jnp.abs(y0)), 1.0))
     nu = jnp.max(jnp.stack(scales), axis=0)
-    return jnp.where(nu > 0, nu, 1.0)
+    return where(nu > 0, nu, 1.0)
 
 
 class SensitivityCorrection(eqx.Module):
@@ -155,7 +156,7 @@ def sensitivity_corrector(problem, sens: SensitivityProblem, t, y, yp, cj, s_pre
     ewt_conv = ewt_s
     if problem.index2 is not None:
         if _builds_from_residual(solver):
-            col_scale = jnp.where(problem.index2, cj_old, 1.0)
+            col_scale = where(problem.index2, cj_old, 1.0)
         # The convergence test divides the index-2 weights by cj (their tolerance
         # times ~1/h, as RADAU5 scales its index-2 components: Hairer & Wanner,
         # *Solving Ordinary Differential Equations II*): s_z is fixed through the
@@ -163,7 +164,7 @@ def sensitivity_corrector(problem, sens: SensitivityProblem, t, y, yp, cj, s_pre
         # times cj. With s_z near zero (weight 1/atol) that alone failed the test on
         # every retry at small h (the pendulum's sensitivity to its initial velocity
         # at rtol 1e-9 stopped with `convergence_failures` at t = 8e-9).
-        ewt_conv = jnp.where(problem.index2, ewt_s / cj, ewt_s)
+        ewt_conv = where(problem.index2, ewt_s / cj, ewt_s)
 
     def norm(v):
         return jnp.max(jax.vmap(wrms)(v, ewt_conv))
@@ -176,24 +177,24 @@ def sensitivity_corrector(problem, sens: SensitivityProblem, t, y, yp, cj, s_pre
         delnrm = norm(delta)
         m = c.m
         first = m == 0
-        rate = (delnrm / jnp.where(first, 1.0, c.oldnrm)) ** (1.0 / jnp.maximum(m, 1))
+        rate = (delnrm / where(first, 1.0, c.oldnrm)) ** (1.0 / jnp.maximum(m, 1))
         diverging = ~first & (rate > RATE_MAX)
-        ss = jnp.where(first, c.ss, rate / (1.0 - rate))
+        ss = where(first, c.ss, rate / (1.0 - rate))
         conv = (first & (delnrm <= 1e-4 * TOLDEL)) | (~diverging & (ss * delnrm <= EPS_NEWT))
         bad = ~jnp.all(jnp.isfinite(r)) | ~jnp.isfinite(delnrm)
         # An iterative linear solve that missed its tolerance: as in `newton_solve`.
         lin_failed = solver.solve_failed({k: jnp.sum(v, dtype=int_) for k, v in stats.items()})
         conv = conv & ~lin_failed
         failed = bad | diverging | (~conv & (m + 1 >= MAX_ITERS)) | (lin_failed & ~first)
-        status = jnp.where(conv & ~bad, 1, jnp.where(failed, 2, 0)).astype(int_)
+        status = where(conv & ~bad, 1, where(failed, 2, 0)).astype(int_)
         # An iteration after convergence refines e where it contracts and never undoes
         # the convergence; one after a failure changes nothing.
         done, dead = c.status == 1, c.status == 2
         keep = dead | (done & (diverging | bad | lin_failed))
-        return _Iteration(ee=jnp.where(keep, c.ee, c.ee + delta), m=m + 1,
-                          oldnrm=jnp.where(first, delnrm, c.oldnrm),
-                          ss=jnp.where(keep, c.ss, ss),
-                          status=jnp.where(done | dead, c.status, status), nre=c.nre + 1,
+        return _Iteration(ee=where(keep, c.ee, c.ee + delta), m=m + 1,
+                          oldnrm=where(first, delnrm, c.oldnrm),
+                          ss=where(keep, c.ss, ss),
+                          status=where(done | dead, c.status, status), nre=c.nre + 1,
                           lin_stats={k: c.lin_stats[k] + jnp.sum(stats[k], dtype=int_)
                                      for k in c.lin_stats})
 

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import lineax as lx
 from jaxtyping import Array, Bool, Float
 
+from .._ops import where
+
 
 class AbstractLinearSolver(eqx.Module):
     """How the linear systems J x = b (or Jᵀ x = b) with J = R_y + cj R_y' are solved.
@@ -97,7 +99,7 @@ class AbstractLinearSolver(eqx.Module):
         may set up only the members that need it (the LAPACK band kernel factorizes only
         those, `SparseLU`/`BandedLU`); this default sets up every member and selects."""
         new = self.setup(residual, t, y, yp, cj, args)
-        return jax.tree_util.tree_map(lambda a, b: jnp.where(pred, a, b), new, state)
+        return jax.tree_util.tree_map(lambda a, b: where(pred, a, b), new, state)
 
     def solve_where(self, pred, state, rhs, *, transpose: bool = False, weights=None,
                     operator=None):
@@ -262,7 +264,7 @@ def factor(matrix: Float[Array, "n n"]):
       member on a CPU, the mat-vec one vectorized operation).
     - otherwise: LU through lineax (O(n²) triangular solves)."""
     rownorm = jnp.max(jnp.abs(matrix), axis=1)
-    d = 1.0 / jnp.where(rownorm > 0, rownorm, 1.0)
+    d = 1.0 / where(rownorm > 0, rownorm, 1.0)
     scaled = matrix * d[:, None]
     n = matrix.shape[0]
     if n <= SMALL_N:
@@ -289,16 +291,16 @@ def _gauss_jordan_inverse(a):
         p, best, rp = jnp.asarray(j, rows.dtype), col[j], m[j]
         for i in range(j + 1, n):
             take = (col[i] > best) | (jnp.isnan(col[i]) & ~jnp.isnan(best))
-            p = jnp.where(take, i, p)
-            best = jnp.where(take, col[i], best)
-            rp = jnp.where(take, m[i], rp)
+            p = where(take, i, p)
+            best = where(take, col[i], best)
+            rp = where(take, m[i], rp)
         rj = m[j]
         # Rows p and j swapped and row j divided by the pivot, by selects: elementwise
         # (one fused operation, fewer instructions to compile than row updates).
         piv = rp[j]
         pivots.append(piv)
-        m = jnp.where(at == j, rp / piv, jnp.where(at == p, rj, m))
-        m = m - jnp.where(rows == j, 0.0, m[:, j])[:, None] * m[j][None, :]
+        m = where(at == j, rp / piv, where(at == p, rj, m))
+        m = m - where(rows == j, 0.0, m[:, j])[:, None] * m[j][None, :]
     return m[:, n:], jnp.stack(pivots)
 
 

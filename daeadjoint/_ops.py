@@ -1,0 +1,95 @@
+"""`jnp.where` and integer indexing as the primitives they trace to, for the solver's own
+arrays.
+
+`jnp.where` is a `jax.jit` of its own and `x[i]` goes through NumPy's indexing rules:
+each call is a nested trace (one per new signature, every process), and `jnp.where` a
+function call in the lowered program. A step of the solver makes a few hundred of them,
+so they are a large part of the tracing and lowering that every process repeats before
+its first result, even with the compiled program read from the persistent cache
+(docs/performance.md, "The second process"). Here they are the same `select_n`,
+`broadcast_in_dim` and `dynamic_slice` operations, emitted directly: the compiled
+program computes the same values.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+def _array(x) -> bool:
+    return isinstance(x, (jax.Array, jax.core.Tracer))
+
+
+@functools.cache
+def _scalar_kinds(dtype) -> tuple:
+    """The Python scalar types that `jnp.where` converts to `dtype` (an array's), and
+    the range of the integers: those that leave the result the array's dtype. Not
+    floats below single precision: `jnp.where` rounds a Python float to the default
+    float type first, so that a narrower one may round twice."""
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits >= 32:
+        return (int, float), None
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        return (int,), (int(info.min), int(info.max))
+    return (), None
+
+
+def _scalar_fits(s, dtype) -> bool:
+    kinds, bounds = _scalar_kinds(dtype)
+    return (type(s) in kinds and not isinstance(s, bool)
+            and (bounds is None or bounds[0] <= s <= bounds[1]))
+
+
+def _to(x, shape):
+    """x broadcast to `shape` (NumPy's rules: trailing dimensions aligned)."""
+    if x.shape == shape:
+        return x
+    return lax.broadcast_in_dim(x, shape, tuple(range(len(shape) - x.ndim, len(shape))))
+
+
+def _constant(s, dtype, shape):
+    """The Python scalar s as an array of `dtype` (rounded as XLA converts) and `shape`."""
+    return lax.broadcast_in_dim(np.asarray(s, dtype), shape, ())
+
+
+def where(pred, x, y):
+    """`jnp.where(pred, x, y)`. Emitted as `lax.select` where the operands need no type
+    promotion: `pred` a boolean array, x and y arrays of one dtype and not weakly typed,
+    or one of them a Python scalar of that dtype's kind (the result then has the
+    array's dtype, as `jnp.where`'s). Anything else goes to `jnp.where`."""
+    if not (_array(pred) and pred.dtype == jnp.bool_):
+        return jnp.where(pred, x, y)
+    ax, ay = _array(x), _array(y)
+    if ax and ay:
+        ok = x.dtype == y.dtype and not x.weak_type and not y.weak_type
+        dtype = x.dtype
+    elif ax:
+        dtype = x.dtype
+        ok = not x.weak_type and _scalar_fits(y, dtype)
+    elif ay:
+        dtype = y.dtype
+        ok = not y.weak_type and _scalar_fits(x, dtype)
+    else:
+        ok = False
+    if not ok:
+        return jnp.where(pred, x, y)
+    shapes = {pred.shape} | {v.shape for v in (x, y) if _array(v)}
+    shape = shapes.pop() if len(shapes) == 1 else np.broadcast_shapes(pred.shape, *shapes)
+    x = _to(x, shape) if ax else _constant(x, dtype, shape)
+    y = _to(y, shape) if ay else _constant(y, dtype, shape)
+    return lax.select(pred if pred.ndim == 0 else _to(pred, shape), x, y)
+
+
+def tree_where(pred, a, b):
+    """`where` leaf by leaf over two pytrees of one structure."""
+    return jax.tree_util.tree_map(lambda x, y: where(pred, x, y), a, b)
+
+
+def row(x, i):
+    """x[clip(i, 0, len(x) − 1)] along the first axis for a traced integer i, as one
+    `dynamic_slice` (which clamps its start to fit; JAX's wraps a negative one, hence
+    the max)."""
+    return lax.dynamic_index_in_dim(x, lax.max(i, np.zeros((), i.dtype)), 0, keepdims=False)

@@ -1,0 +1,95 @@
+"""`daeadjoint._ops`: `where` and `row` give what `jnp.where` and indexing give — the same
+values, dtype, weak type and shape — inside `jit` and outside, for the operand kinds the
+solver passes (arrays of one dtype, Python scalars, scalar and broadcast predicates) and
+those left to `jnp.where` (mixed dtypes, weak types, NumPy scalars, narrow floats)."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from daeadjoint._ops import row, tree_where, where
+
+PRED = [np.array([True, False, True]), np.array(True), np.array(False),
+        np.array([[True], [False]])]
+
+
+def _operands():
+    f64 = np.array([1.5, -2.25, 3.0])
+    yield f64, np.array([0.1, 0.2, 0.3])
+    yield f64, 0.1                                    # Python float, rounded as jnp does
+    yield 0.1, np.array([[0.7], [0.8]])
+    yield np.array(4.0), np.array([0.5, 0.6, 0.7])
+    yield f64.astype(np.float32), 0.1                 # rounded once to float32
+    yield f64.astype(np.float32), 3
+    yield np.array([1, 2, 3], np.int32), 7
+    yield np.array([1, 2, 3], np.int32), -7
+    yield np.array([1, 2, 3], np.int32), 2.5          # promoted: to jnp.where
+    yield np.array([1, 2, 3], np.uint8), 300          # out of range: to jnp.where
+    yield f64.astype(np.float32), f64                 # mixed dtypes: to jnp.where
+    yield f64.astype(jnp.bfloat16), 0.1               # narrow float: to jnp.where
+    yield f64, np.float64(0.1)                        # NumPy scalar: to jnp.where
+    yield 1.0, 2.0                                    # both weak: to jnp.where
+    yield 3, f64
+    yield np.array([True, False, True]), False
+
+
+def _same(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape and a.weak_type == b.weak_type
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _check(pred, x, y):
+    operands = [jnp.asarray(v) if isinstance(v, np.ndarray) else v for v in (pred, x, y)]
+    _same(where(*operands), jnp.where(*operands))
+    # Traced: the operands that are arrays become tracers (not weakly typed), the Python
+    # scalars stay Python scalars.
+    traced = [i for i, v in enumerate(operands) if not isinstance(v, (int, float))]
+
+    def call(fn, *arrays):
+        args = list(operands)
+        for i, a in zip(traced, arrays):
+            args[i] = a
+        return fn(*args)
+
+    arrays = [operands[i] for i in traced]
+    _same(jax.jit(lambda *a: call(where, *a))(*arrays),
+          jax.jit(lambda *a: call(jnp.where, *a))(*arrays))
+
+
+@pytest.mark.parametrize("x, y", list(_operands()))
+def test_where_matches_jnp_where(x, y):
+    checked = 0
+    for pred in PRED:
+        try:
+            jnp.where(pred, x, y)
+        except (TypeError, ValueError, OverflowError):
+            continue            # shapes that do not broadcast
+        _check(pred, x, y)
+        checked += 1
+    assert checked
+
+
+def test_where_with_weak_arrays():
+    # A weakly typed array (a Python float made an array) keeps jnp.where's promotion.
+    for x, y in itertools.product([jnp.asarray(0.5), jnp.ones(3, jnp.float32)], repeat=2):
+        pred = jnp.array([True, False, False])
+        _same(where(pred, x, y), jnp.where(pred, x, y))
+        _same(jax.jit(where)(pred, x, y), jax.jit(jnp.where)(pred, x, y))
+
+
+def test_tree_where():
+    pred = jnp.array(False)
+    a, b = {"u": jnp.arange(3.0), "v": jnp.int32(1)}, {"u": -jnp.arange(3.0), "v": jnp.int32(2)}
+    out = tree_where(pred, a, b)
+    _same(out["u"], b["u"])
+    _same(out["v"], b["v"])
+
+
+def test_row_is_clipped_indexing():
+    x = jnp.arange(12.0).reshape(6, 2)
+    for i in range(-3, 9):
+        i_ = jnp.int32(i)
+        _same(jax.jit(row)(x, i_), x[jnp.clip(i_, 0, 5)])
