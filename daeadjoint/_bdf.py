@@ -222,6 +222,20 @@ def interpolate(phi, c, d):
     return jnp.tensordot(c, phi, 1), jnp.tensordot(d, phi, 1)
 
 
+def node_values(phi, c, d):
+    """`interpolate` for the node a step recorder writes after every accepted step:
+    for small rows (as in `predict`) the sums Σ c_j φ_j, Σ d_j φ_j unrolled over the six
+    rows, which XLA fuses with their neighbours, instead of two dots, each an operation
+    of its own in every step of a recording run (Robertson's kept-step stage: 2 of its
+    25 operations a step). On the problems measured (Robertson's gradient, batched and
+    not, kept and replayed; the heat gradient at n = 49) the numbers are those of the
+    dots bit for bit."""
+    if isinstance(phi, tuple) or phi[0].size * phi.dtype.itemsize <= SEQUENTIAL_BYTES:
+        rows = tuple(phi)
+        return _row_sum(c, rows), _row_sum(d, rows)
+    return interpolate(phi, c, d)
+
+
 def wrms(v: Float[Array, " n"], weights: Float[Array, " n"]) -> Float[Array, ""]:
     """Weighted root-mean-square norm (IDAS manual eq. (6.5)); length n even where weights
     are zero (IDAS's masked norm for suppressed algebraic components)."""

@@ -29,7 +29,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from ._bdf import (MAXORD, NPHI, Coefficients, complete_history, derivative_weights, error_weights,
                    grouped_wrms, history_layout, history_row, interpolate,
-                   interpolation_weights, predict, scale_history, set_coefficients, stacked,
+                   interpolation_weights, node_values, predict, scale_history, set_coefficients, stacked,
                    update_row, wrms)
 from ._delay.buffer import DelayBuffer
 from ._events import Event, EventState, search_step
@@ -1523,7 +1523,7 @@ class StepRecorder(eqx.Module):
     @staticmethod
     def _node(s: State):
         c, d = interpolation_weights(s.t, s.t, s.psi, s.k_used)
-        return interpolate(s.phi, c, d)
+        return node_values(s.phi, c, d)
 
     def start(self, s: State, yp0) -> "StepRecorder":
         """Node 0: the state the segment starts from (y'0 given: at t0 the history
