@@ -47,8 +47,8 @@ def pytest_addoption(parser):
 # only slow tests) count as 0 and run last.
 FILE_SECONDS = {
     "test_transformations.py": 405, "test_testset.py": 395, "test_linear_solvers.py": 350,
-    "test_adjoint.py": 295, "test_krylov.py": 295, "test_singular_mass_matrix.py": 280,
-    "test_right_answer_or_clear_failure.py": 280, "test_index2.py": 240,
+    "test_adjoint.py": 295, "test_krylov.py": 295, "test_singular_mass_matrix.py": 180,
+    "test_right_answer_or_clear_failure.py": 185, "test_index2.py": 180,
     "test_random_dae.py": 170, "test_breakpoints.py": 170, "test_events.py": 165,
     "test_closures.py": 155, "test_user_inputs_and_messages.py": 150,
     "test_initialization.py": 120, "test_ensemble.py": 120, "test_forward.py": 105,

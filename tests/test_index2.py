@@ -12,6 +12,8 @@ Bounds:
   of its positions, the Test Set's score), with the bound's source stated per problem.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -435,14 +437,22 @@ def pendulum_final_jacobian(theta0, omega0, length, g, t1):
     return partial[:, :2] @ np.stack([s_th, s_om]) + partial[:, 2:] @ np.eye(4)[2:]
 
 
-def pendulum_at_rest(theta0, length, g, t1, rtol=DERIV_RTOL, **kw):
-    """The index-2 pendulum from rest at θ0, radius `length`, gravity g: (x, y, u, v, λ)
-    at t1. (The residual reads g from args; the radius is set by y0.)"""
+def pendulum_rest_inputs(q):
+    """y0, y'0 and args = (L, g) of the pendulum from rest at θ0, radius L, gravity g;
+    q = (θ0, L, g). (The residual reads g from args; the radius is set by y0.)"""
+    theta0, length, g = q[0], q[1], q[2]
     y0 = pendulum_of(theta0, 0.0 * theta0, length, g)
     acc = -(g / length) * jnp.sin(theta0)
     yp0 = jnp.stack([0.0 * acc, 0.0 * acc, length * jnp.cos(theta0) * acc,
                      length * jnp.sin(theta0) * acc, 0.0 * acc])
-    return dae.solve(pendulum, 0.0, t1, y0, yp0, (length, g), index2=PENDULUM_INDEX2,
+    return y0, yp0, (length, g)
+
+
+def pendulum_at_rest(theta0, length, g, t1, rtol=DERIV_RTOL, **kw):
+    """The index-2 pendulum from rest at θ0, radius `length`, gravity g: (x, y, u, v, λ)
+    at t1."""
+    y0, yp0, args = pendulum_rest_inputs((theta0, length, g))
+    return dae.solve(pendulum, 0.0, t1, y0, yp0, args, index2=PENDULUM_INDEX2,
                      rtol=rtol, atol=rtol, **kw).ys[-1]
 
 
@@ -456,18 +466,33 @@ MODES = {"jacfwd": (jax.jacfwd, None), "jacrev": (jax.jacrev, dae.DiscreteAdjoin
          "adjoint": (jax.jacrev, CONTINUOUS)}
 
 
+def _pendulum_final(y0, yp0, args, sensitivity):
+    return dae.solve(pendulum, 0.0, T_DERIV, y0, yp0, args, index2=PENDULUM_INDEX2,
+                     rtol=DERIV_RTOL, atol=DERIV_RTOL, sensitivity=sensitivity).ys[-1]
+
+
+@functools.cache
+def pendulum_derivatives(mode):
+    """d(x, y, u, v, λ)(T)/d(y0, y'0, args) of the pendulum, by `mode` (of MODES): one
+    compiled program per mode, shared by the parameter and the initial-value tests
+    (separately, each compiled its own program of about this size)."""
+    transform, sensitivity = MODES[mode]
+    return jax.jit(transform(lambda y0, yp0, args: _pendulum_final(y0, yp0, args, sensitivity),
+                             argnums=(0, 1, 2)))
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 def test_pendulum_parameter_derivatives(mode):
     """d(x, y, u, v, λ)(T)/d(θ0, L, g) — the initial angle and the radius through y0,
     gravity through args — by forward sensitivities (jacfwd), the discrete adjoint and
     the continuous adjoint (jacrev; its final conditions for the cotangents on x, u at
     T, and on λ — an index-2 variable, Li & Petzold's g_{y^a} ≠ 0 case), against the
-    angle ODE's variational equations (exact up to DOP853's 1e-13)."""
+    angle ODE's variational equations (exact up to DOP853's 1e-13). The chain rule
+    through (y0, y'0, args)(θ0, L, g) on the solve's derivatives with respect to them."""
     q = jnp.array([THETA0, L, G])
-    transform, sensitivity = MODES[mode]
-    f = lambda q_: pendulum_at_rest(q_[0], q_[1], q_[2], T_DERIV,   # noqa: E731
-                                    sensitivity=sensitivity)
-    J = transform(f)(q)
+    d_y0, d_yp0, (d_l, d_g) = pendulum_derivatives(mode)(*pendulum_rest_inputs(q))
+    i_y0, i_yp0, (i_l, i_g) = jax.jacfwd(pendulum_rest_inputs)(q)
+    J = d_y0 @ i_y0 + d_yp0 @ i_yp0 + d_l[:, None] * i_l + d_g[:, None] * i_g
     ref = pendulum_final_jacobian(THETA0, 0.0, L, G, T_DERIV)[:, [0, 2, 3]]
     _check_derivative(J, ref, [4])
 
@@ -553,11 +578,9 @@ def test_pendulum_derivatives_central_differences():
         assert err <= 1e-5, err
 
 
-# The continuous adjoint's variant (~25 s) to --runslow: its initial-value cotangents go
-# through the same transpose of the consistent initial sensitivities as the discrete
-# adjoint's, which test_parameter_dependent_constraint[adjoint] checks (p and t0).
-@pytest.mark.parametrize("mode", ["jacfwd", "jacrev",
-                                  pytest.param("adjoint", marks=pytest.mark.slow)])
+# Every mode's derivatives with respect to y0 come from the program the parameter
+# derivatives above use (`pendulum_derivatives`).
+@pytest.mark.parametrize("mode", list(MODES))
 def test_pendulum_initial_value_derivatives(mode):
     """Derivatives with respect to y0 itself, whose directions off the constraint
     x u + y v = 0 (a velocity with a radial part) are moved onto its linearization the
@@ -568,14 +591,10 @@ def test_pendulum_initial_value_derivatives(mode):
     δy)/L, δL = sin θ δx − cos θ δy; λ and y'0 are determined by them (zero columns).
     Reference: the angle ODE's sensitivities through that map."""
     y0, yp0 = pendulum_initial()
-    transform, sensitivity = MODES[mode]
-
-    def f(y, init=None):
-        return dae.solve(pendulum, 0.0, T_DERIV, y, yp0, (L, G), index2=PENDULUM_INDEX2,
-                         rtol=DERIV_RTOL, atol=DERIV_RTOL, init=init,
-                         sensitivity=sensitivity).ys[-1]
-
-    J = transform(f)(y0)
+    # args as the parameter test makes them (strongly typed scalars: a weakly typed
+    # jnp.asarray(L) would compile another program).
+    args = pendulum_rest_inputs(jnp.array([THETA0, L, G]))[2]
+    J, Jp, _ = pendulum_derivatives(mode)(y0, yp0, args)
     s, c = np.sin(THETA0), np.cos(THETA0)
     dq_dy0 = np.array([[c / L, s / L, 0, 0, 0],      # θ0
                        [0, 0, c / L, s / L, 0],      # θ'0
@@ -585,12 +604,12 @@ def test_pendulum_initial_value_derivatives(mode):
     _check_derivative(J, ref, [4])
     if mode == "jacfwd":
         # The same through the projection itself (init="ya_ydp", differentiated by JAX).
-        _check_derivative(jax.jacfwd(lambda y: f(y, "ya_ydp"))(y0), ref, [4])
+        _check_derivative(jax.jacfwd(lambda y: dae.solve(
+            pendulum, 0.0, T_DERIV, y, yp0, (L, G), index2=PENDULUM_INDEX2,
+            rtol=DERIV_RTOL, atol=DERIV_RTOL, init="ya_ydp").ys[-1])(y0), ref, [4])
         # y'0 is determined by y0: zero derivative. (y'_λ, which no equation reads,
         # only enters s_λ's BDF predictor, which the corrector replaces: what remains
         # is rounding, 1e-41 here; bound: 1e-14, rounding relative to the O(1) outputs.)
-        Jp = jax.jacfwd(lambda yp: dae.solve(pendulum, 0.0, T_DERIV, y0, yp, (L, G),
-                                             index2=PENDULUM_INDEX2).ys[-1])(yp0)
         assert np.max(np.abs(np.asarray(Jp))) <= 1e-14
 
 

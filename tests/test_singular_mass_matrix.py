@@ -81,6 +81,21 @@ SENSITIVITIES = {
     "forward": lambda f: jax.jacfwd(f),
 }
 
+# The derivatives of y2(T) with respect to p, y0 and yp0 at once, by the continuous
+# adjoint and by forward sensitivities: one compiled program per mode, shared by the
+# tests below (each takes the part it checks; a derivative through y0(p), yp0(p) is the
+# chain rule on them). Separate eager derivatives compiled a program for each set of
+# differentiated inputs.
+ALL_INPUTS = {"adjoint": jax.jit(jax.grad(y2_end, argnums=(0, 1, 2))),
+              "forward": jax.jit(jax.jacfwd(y2_end, argnums=(0, 1, 2)))}
+
+
+def through_consistent_values(mode, p):
+    """d y2(T)/dp with y0, yp0 consistent for each p: ∂p + ∂y0 dy0/dp + ∂yp0 dyp0/dp."""
+    d_p, d_y0, d_yp0 = ALL_INPUTS[mode](p, *consistent(p, V0))
+    dy0_dp, dyp0_dp = jax.jacfwd(lambda p: consistent(p, V0))(p)
+    return d_p + d_y0 @ dy0_dp + d_yp0 @ dyp0_dp
+
 
 # The discrete adjoint's case runs with --runslow (~10 s of compilation; the default
 # suite's budget): it stays checked by default on the same circuit, without a mask and
@@ -93,36 +108,39 @@ def test_parameter_gradient_in_every_mode(name):
     def f(p, **kw):
         y0, yp0 = consistent(p, V0)
         return y2_end(p, y0, yp0, **kw)
-    np.testing.assert_allclose(SENSITIVITIES[name](f)(P), EXACT_DP, rtol=0, atol=BOUND)
+    derivative = (SENSITIVITIES[name](f)(P) if name == "discrete-adjoint"
+                  else through_consistent_values(name, P))
+    np.testing.assert_allclose(derivative, EXACT_DP, rtol=0, atol=BOUND)
 
 
 def test_parameter_gradient_with_fixed_initial_values():
     """y0, yp0 held fixed while p moves: the initial sensitivities must be projected
     onto the constraint (which depends on R1, R2), not taken as zero. v0 stays put."""
     y0, yp0 = consistent(P, V0)
-    g_adj = jax.grad(lambda p: y2_end(p, y0, yp0))(P)
-    g_fwd = jax.jacfwd(lambda p: y2_end(p, y0, yp0))(P)
-    np.testing.assert_allclose(g_adj, EXACT_DP, rtol=0, atol=BOUND)
-    np.testing.assert_allclose(g_fwd, EXACT_DP, rtol=0, atol=BOUND)
+    for mode in ("adjoint", "forward"):
+        np.testing.assert_allclose(ALL_INPUTS[mode](P, y0, yp0)[0], EXACT_DP, rtol=0,
+                                   atol=BOUND, err_msg=mode)
 
 
-# Each (init, mode) pair is its own compiled program (~10-25 s of compilation). The
-# default suite runs one mode per start: the adjoint through the initialization
-# ("ya_ydp", y0 projected onto the constraint) and forward sensitivities from given
-# consistent values (their initial sensitivity projected by `Split`); the other two pairs
-# run with --runslow. Both modes with yp0 given stay checked by default in
-# `test_parameter_gradient_with_fixed_initial_values`.
+# Each (init, mode) pair is its own compiled program (~10-25 s of compilation) except
+# the two with yp0 given, the programs shared above. The adjoint through the
+# initialization ("ya_ydp", y0 projected onto the constraint) runs by default; forward
+# sensitivities through it with --runslow (forward mode through "ya_ydp" stays checked
+# by default in test_breakpoints.py::test_algebraic_jumps_at_breakpoints_without_a_mask
+# [forward], on the same circuit).
 @pytest.mark.parametrize("init, mode", [
-    pytest.param(None, "adjoint", marks=pytest.mark.slow), (None, "forward"),
+    (None, "adjoint"), (None, "forward"),
     ("ya_ydp", "adjoint"), pytest.param("ya_ydp", "forward", marks=pytest.mark.slow)])
 def test_initial_value_gradient_is_along_the_differential_direction(init, mode):
     """dL/dy0 = dL/dv0 · (1, −1), by adjoint and forward mode."""
     y0, yp0 = consistent(P, V0)
-    kw = dict(yp0=None) if init == "ya_ydp" else dict(yp0=yp0)
-    f = lambda y: y2_end(P, y, **kw)  # noqa: E731
     expected = EXACT_DV0 * np.array([1.0, -1.0])
-    derivative = jax.grad if mode == "adjoint" else jax.jacfwd
-    np.testing.assert_allclose(derivative(f)(y0), expected, rtol=0, atol=BOUND)
+    if init is None:
+        derivative = ALL_INPUTS[mode](P, y0, yp0)[1]
+    else:
+        f = lambda y: y2_end(P, y)  # noqa: E731
+        derivative = (jax.grad if mode == "adjoint" else jax.jacfwd)(f)(y0)
+    np.testing.assert_allclose(derivative, expected, rtol=0, atol=BOUND)
 
 
 # ------------------------------------------- a large semi-explicit DAE without a mask
@@ -156,9 +174,11 @@ DZ_LARGE = float(-T * jnp.sum(C_OUT * W * Y0_DIFF * jnp.exp(-K_LARGE * W * T)))
 
 
 def test_large_semi_explicit_dae_without_a_mask_continuous_adjoint():
-    assert abs(float(z_end(K_LARGE)) - Z_LARGE) <= BOUND * abs(Z_LARGE)
-    # The continuous adjoint on its own (no fallback to the discrete adjoint).
-    g = jax.grad(z_end)(K_LARGE, dae.Adjoint(fallback=False))
+    # The continuous adjoint on its own (no fallback to the discrete adjoint). The value
+    # is that of the gradient's forward run (a plain solve would compile another
+    # program of this size for the same integration).
+    z, g = jax.value_and_grad(z_end)(K_LARGE, dae.Adjoint(fallback=False))
+    assert abs(float(z) - Z_LARGE) <= BOUND * abs(Z_LARGE)
     assert abs(float(g) - DZ_LARGE) <= BOUND * abs(DZ_LARGE)
 
 
