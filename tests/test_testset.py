@@ -393,16 +393,18 @@ def _check(name, method, rtol, g):
     assert np.all(np.abs(g - case.fd) <= bound), (g, case.fd, np.abs(g - case.fd) / bound)
 
 
-# One gradient per Test Set problem by default, the cheapest to compile: forward
-# sensitivities (jacfwd) for the transistor amplifier, the continuous adjoint for Akzo
-# Nobel. The others run with --runslow; by default the continuous adjoint of a
-# singular-mass DAE without an algebraic mask (the transistor's form) is checked in
-# tests/test_singular_mass_matrix.py::test_parameter_gradient_in_every_mode[adjoint],
-# its discrete adjoint in
+# One gradient per Test Set problem by default: the continuous adjoint for the
+# transistor amplifier (the problem on which it once failed where the discrete adjoint
+# and the forward solve succeeded), forward sensitivities (jacfwd, the cheapest to
+# compile) for Akzo Nobel. The others run with --runslow; by default the discrete
+# adjoint of a singular-mass DAE without an algebraic mask (the transistor's form) is
+# checked in
 # tests/test_breakpoints.py::test_algebraic_jumps_at_breakpoints_without_a_mask[discrete-adjoint],
-# and the discrete adjoint of a nonlinear index-1 DAE against the continuous one in
-# tests/test_adjoint.py::test_discrete_adjoint_index1_and_finite_differences.
-@pytest.mark.parametrize("method", [pytest.param("adjoint", marks=pytest.mark.slow), "jacfwd",
+# the discrete adjoint of a nonlinear index-1 DAE against the continuous one in
+# tests/test_adjoint.py::test_discrete_adjoint_index1_and_finite_differences, and the
+# continuous adjoint of a semi-explicit index-1 DAE (Akzo's form) against differences
+# in tests/test_adjoint.py::test_index1_gradient_matches_finite_differences.
+@pytest.mark.parametrize("method", ["adjoint", pytest.param("jacfwd", marks=pytest.mark.slow),
                                     pytest.param("discrete", marks=pytest.mark.slow)])
 def test_transistor_gradient(gradient, method):
     """∂U8(0.2)/∂(β, R0, C5) in the singular-mass form (no algebraic mask: the
@@ -412,7 +414,7 @@ def test_transistor_gradient(gradient, method):
     _check("transistor", method, 1e-6, gradient("transistor", method, 1e-6))
 
 
-@pytest.mark.parametrize("method", ["adjoint", pytest.param("jacfwd", marks=pytest.mark.slow),
+@pytest.mark.parametrize("method", [pytest.param("adjoint", marks=pytest.mark.slow), "jacfwd",
                                     pytest.param("discrete", marks=pytest.mark.slow)])
 def test_akzo_gradient(gradient, method):
     """∂y1(180)/∂(k1, k2, klA) at rtol 1e-6: measured within 2.2e-4 relative."""
