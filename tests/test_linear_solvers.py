@@ -175,9 +175,9 @@ def value_and_grad(problem, solver):
 
 
 def _match_dense_cases():
-    """problem × solver. The default suite runs BandedLU and SparseLU on the banded
-    index-1 DAE (unequal bandwidths, algebraic observations: the consistent-jump matrix
-    in the adjoint), against one DenseLU reference compiled for both. Slow (--runslow):
+    """problem × solver. The default suite runs SparseLU on the banded index-1 DAE
+    (unequal bandwidths, algebraic observations: the consistent-jump matrix in the
+    adjoint), against a DenseLU reference. Slow (--runslow):
     Robertson (n = 3: the banded/sparse machinery on a dense matrix; three more
     compilations of the whole solve + adjoint); all of R5 heat (a second DenseLU
     reference, ~80 s of compilation on CI): SparseLU keeps R5's pattern in its natural
@@ -188,12 +188,17 @@ def _match_dense_cases():
     the DAE (~80 s on CI): KLU's factorization runs by default inside whole solves
     (test_klu_vmap_of_whole_solves_matches_sequential), its solve and transposed solve
     (the adjoint's) with their derivatives against numpy in
-    test_klu_solve_primitive_batching_and_derivatives, and SparseLU in the adjoint here."""
+    test_klu_solve_primitive_batching_and_derivatives, and SparseLU in the adjoint here;
+    and BandedLU on the DAE (~100 s on CI, a third gradient program): SparseLU keeps the
+    DAE's pattern in its natural ordering, the (3, 2) band, so its case here runs the
+    same band kernel and transposed solve in the adjoint, and BandedLU's own setup (its
+    coloured jvps on the bandwidths it is given) is checked against DenseLU by default
+    in test_banded_solution_matches_dense."""
     cases = []
     for problem in ("robertson", "heat", "reaction_diffusion"):
         for solver in ("banded", "sparse", "klu"):
             marks = []
-            if problem != "reaction_diffusion" or solver == "klu":
+            if problem != "reaction_diffusion" or solver != "sparse":
                 marks.append(SLOW)
             if solver == "klu":
                 marks.append(pytest.mark.skipif(not HAVE_KLU, reason="klujax not installed"))
@@ -211,6 +216,18 @@ def test_solution_and_gradient_match_dense(problem, solver):
     close(val, val_d)
     close(gp, gp_d)
     close(gy0, gy0_d)
+
+
+def test_banded_solution_matches_dense():
+    """BandedLU's solve of the banded index-1 DAE (its iteration matrix from coloured
+    jvps on the given bandwidths, the band kernel) against DenseLU's: one forward
+    program, against the primal solution of the DenseLU reference gradient above (the
+    same steps as a plain forward solve), compared as in the module docstring. Its
+    gradient runs with --runslow (test_solution_and_gradient_match_dense)."""
+    ls = SOLVERS["banded"](RD_BAND)
+    ys = jax.jit(lambda p, y0: solve_rd(p, y0, ls).ys)(RD_P, RD_Y0)
+    (_, ys_d), _ = value_and_grad("reaction_diffusion", "dense")
+    close(ys, ys_d)
 
 
 @pytest.mark.parametrize("solver", NEW_FAST_FWD)
@@ -425,27 +442,39 @@ def test_band_solve_where_solves_the_members_asked(kernel):
                                                        transpose))(b)
         return jax.vmap(lambda r: solve_band(state, r, pattern, kernel, transpose))(b)
 
+    @jax.jit
+    def all_solves(p, v, b):
+        """For J and Jᵀ: the batch with and without `where`, and member 0 unbatched with
+        `where`, in one compiled program per dtype instead of six."""
+        return [(jax.vmap(functools.partial(solved, True, transpose=transpose))(p, v, b),
+                 jax.vmap(functools.partial(solved, False, transpose=transpose))(p, v, b),
+                 solved(True, p[0], v[0], b[0], transpose))
+                for transpose in (False, True)]
+
     for dtype in (jnp.float64, jnp.float32):
-        for transpose in (False, True):
-            args = (pred, values.astype(dtype), rhs.astype(dtype))
-            x_where, x = (jax.jit(jax.vmap(functools.partial(solved, w, transpose=transpose)))(
-                *args) for w in (True, False))
+        results = all_solves(pred, values.astype(dtype), rhs.astype(dtype))
+        for x_where, x, x_one in results:
             assert x_where.dtype == dtype
             assert np.array_equal(np.asarray(x_where)[pred], np.asarray(x)[pred])
-            one = (pred[0], values[0].astype(dtype), rhs[0].astype(dtype))
-            assert np.array_equal(
-                jax.jit(functools.partial(solved, True, transpose=transpose))(*one),
-                np.asarray(x)[0])
+            assert np.array_equal(x_one, np.asarray(x)[0])
 
     def loss(where, v, b):
         x = jax.vmap(functools.partial(solved, where, transpose=False))(pred, v, b)
         return jnp.sum(jnp.where(pred[:, None, None], x, 0.0) ** 2)
 
     tangents = (jnp.asarray(np.cos(values)), jnp.asarray(np.sin(rhs)))
-    for fn in (lambda w: jax.jvp(functools.partial(loss, w), (values, rhs), tangents)[1],
-               lambda w: jax.grad(functools.partial(loss, w), argnums=(0, 1))(values, rhs)):
-        for a, b in zip(jax.tree_util.tree_leaves(fn(True)), jax.tree_util.tree_leaves(fn(False))):
-            np.testing.assert_allclose(a, b, rtol=1e-12, atol=0)
+
+    @jax.jit
+    def derivatives(v, b, tangents):
+        """The JVP and the gradient with and without `where`: one program (eagerly, the
+        band kernel's loops compile one by one)."""
+        return [(jax.jvp(functools.partial(loss, w), (v, b), tangents)[1],
+                 jax.grad(functools.partial(loss, w), argnums=(0, 1))(v, b))
+                for w in (True, False)]
+
+    with_where, without = derivatives(values, rhs, tangents)
+    for a, b in zip(jax.tree_util.tree_leaves(with_where), jax.tree_util.tree_leaves(without)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("kernel", ["lapack", "jax"])
@@ -840,9 +869,15 @@ def _heat_1d(t, y, yp, p):
     return yp - p[0] * (up[:-2] - 2 * y + up[2:]) * (y.shape[0] + 1) ** 2 + p[1] * y**2
 
 
+# vmap(jacfwd) runs with --runslow (two of the four programs): by default the batched
+# Newton solves with the never-factorized member run in vmap(grad)'s forward pass here,
+# the band solve with such a member in
+# test_band_solve_with_a_member_never_factorized_leaves_the_others_alone, and
+# vmap(jacfwd) with a failed member in test_events.py::test_failed_batch_member_gets_nan_derivatives.
+@pytest.mark.parametrize("derivative", [pytest.param("jacfwd", marks=SLOW), "grad"])
 @pytest.mark.parametrize("solver", [pytest.param("banded", marks=SLOW), "sparse",
                                     pytest.param("klu", marks=[SLOW, KLU])])
-def test_vmap_with_a_nan_member_keeps_the_other_members_derivatives(solver):
+def test_vmap_with_a_nan_member_keeps_the_other_members_derivatives(solver, derivative):
     """jit(vmap(jacfwd)) and jit(vmap(grad)) over a batch with a member whose parameter
     is NaN (its initialization fails: it never sets up J, its band factors stay the
     zeros the batched step loop starts from): every other member's derivatives are its
@@ -867,14 +902,14 @@ def test_vmap_with_a_nan_member_keeps_the_other_members_derivatives(solver):
     # The unbatched reference gradient without the fallback branch (REFERENCE above: the
     # same continuous adjoint, a quarter less compilation; a failed backward integration
     # gives NaN here, throw=False, which fails the comparison).
-    for derivative, reference in (
-            (jax.jacfwd(ys), jax.jacfwd(ys)),
-            (jax.grad(objective), jax.grad(lambda p: objective(p, REFERENCE)))):
-        batched = np.asarray(jax.jit(jax.vmap(derivative))(batch))
-        alone = jax.jit(reference)
-        for i in np.flatnonzero(healthy):
-            np.testing.assert_allclose(batched[i], alone(batch[i]), rtol=1e-9, atol=0)
-        assert np.all(np.isnan(batched[~healthy]))
+    derivative, reference = {
+        "jacfwd": (jax.jacfwd(ys), jax.jacfwd(ys)),
+        "grad": (jax.grad(objective), jax.grad(lambda p: objective(p, REFERENCE)))}[derivative]
+    batched = np.asarray(jax.jit(jax.vmap(derivative))(batch))
+    alone = jax.jit(reference)
+    for i in np.flatnonzero(healthy):
+        np.testing.assert_allclose(batched[i], alone(batch[i]), rtol=1e-9, atol=0)
+    assert np.all(np.isnan(batched[~healthy]))
 
 
 def _gauss_jordan_argmax(a):

@@ -13,8 +13,9 @@ the tolerance's number of digits minus one (the global error of a local error co
 a few tolerance units).
 
 The default run takes ~1–2 minutes, nearly all of it compiling; the two-bit adder
-(about a minute of compilation per program for its 350 unknowns), the NAND gate's gradients and the
-recomputation of the stored central differences are `slow`.
+(about a minute of compilation per program for its 350 unknowns), the NAND gate's
+gradients, all but one gradient method per problem and the recomputation of the stored
+central differences are `slow`.
 """
 
 
@@ -325,6 +326,12 @@ def test_twobit_tight_tolerance_right_answer_or_clear_failure():
 
 METHODS = ("adjoint", "jacfwd", "discrete")
 CASES = testset.GRADIENT_CASES
+# "adjoint" is the continuous adjoint without its fallback to the discrete adjoint: a
+# failed backward integration raises instead of returning the discrete adjoint's
+# gradient (which these bounds could let pass), and the program compiles faster (by a
+# quarter for Robertson's gradient, docs/performance.md). The fallback is tested in tests/test_adjoint.py and by the
+# two-bit adder below ("adjoint_with_fallback": the default `jax.grad`).
+ADJOINT = dae.Adjoint(fallback=False)
 
 
 def _central_differences(run, pr, t1, comp, keys, rtol, h):
@@ -344,7 +351,8 @@ def _gradient_fn(pr, keys, method):
     per problem and method (the cases of one problem share it)."""
     p0 = pr.params()
     alg = None if pr.algebraic is None else jnp.asarray(pr.algebraic)
-    sens = dae.DiscreteAdjoint() if method == "discrete" else None
+    sens = {"adjoint": ADJOINT, "adjoint_with_fallback": None,
+            "discrete": dae.DiscreteAdjoint(), "jacfwd": None}[method]
 
     def output(theta, w, t1, rtol):
         p = {**p0, **dict(zip(keys, theta))}
@@ -385,7 +393,19 @@ def _check(name, method, rtol, g):
     assert np.all(np.abs(g - case.fd) <= bound), (g, case.fd, np.abs(g - case.fd) / bound)
 
 
-@pytest.mark.parametrize("method", METHODS)
+# One gradient per Test Set problem by default: the continuous adjoint for the
+# transistor amplifier (the problem on which it once failed where the discrete adjoint
+# and the forward solve succeeded), forward sensitivities (jacfwd, the cheapest to
+# compile) for Akzo Nobel. The others run with --runslow; by default the discrete
+# adjoint of a singular-mass DAE without an algebraic mask (the transistor's form) is
+# checked in
+# tests/test_breakpoints.py::test_algebraic_jumps_at_breakpoints_without_a_mask[discrete-adjoint],
+# the discrete adjoint of a nonlinear index-1 DAE against the continuous one in
+# tests/test_adjoint.py::test_discrete_adjoint_index1_and_finite_differences, and the
+# continuous adjoint of a semi-explicit index-1 DAE (Akzo's form) against differences
+# in tests/test_adjoint.py::test_index1_gradient_matches_finite_differences.
+@pytest.mark.parametrize("method", ["adjoint", pytest.param("jacfwd", marks=pytest.mark.slow),
+                                    pytest.param("discrete", marks=pytest.mark.slow)])
 def test_transistor_gradient(gradient, method):
     """∂U8(0.2)/∂(β, R0, C5) in the singular-mass form (no algebraic mask: the
     algebraic directions come from ker F_y'). Measured at rtol 1e-6: within 7e-5
@@ -394,7 +414,8 @@ def test_transistor_gradient(gradient, method):
     _check("transistor", method, 1e-6, gradient("transistor", method, 1e-6))
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", [pytest.param("adjoint", marks=pytest.mark.slow), "jacfwd",
+                                    pytest.param("discrete", marks=pytest.mark.slow)])
 def test_akzo_gradient(gradient, method):
     """∂y1(180)/∂(k1, k2, klA) at rtol 1e-6: measured within 2.2e-4 relative."""
     _check("akzo", method, 1e-6, gradient("akzo", method, 1e-6))
@@ -447,7 +468,7 @@ def test_twobit_continuous_adjoint_reports_singular_block(gradient):
     DAE is not index 1, and the gradient it returns (the discrete adjoint's) agrees with
     the differences to the discrete adjoint's bound."""
     with pytest.warns(RuntimeWarning, match="not index 1 in its algebraic variables"):
-        g = gradient("twobit", "adjoint", 1e-6)
+        g = gradient("twobit", "adjoint_with_fallback", 1e-6)
     _check("twobit", "discrete", 1e-6, g)
 
 
