@@ -14,7 +14,8 @@ import numpy as np
 from jaxtyping import ArrayLike
 
 from ._closures import lift_closures
-from ._consistency import AUTO_SPLIT_MAX_N, unknown_mask
+from ._consistency import AUTO_SPLIT_MAX_N, consistency_solve, split_at, unknown_mask
+from ._delay.buffer import DelayArgs
 from ._core import Config, Inputs
 from ._derivatives import batching  # noqa: F401 - installs the primitives' batching rules
 from ._derivatives.adjoint import Adjoint
@@ -22,7 +23,7 @@ from ._derivatives.autodiff import solve_core
 from ._derivatives.discrete_adjoint import DiscreteAdjoint
 from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
-from ._jax_internals import batched_loops, explicit_batch_axis, is_batched
+from ._jax_internals import batched_loops, explicit_batch_axis, is_batched, unvmap_any
 from ._index2 import check_index2_mask, index2_check, project
 from ._initialization import SUCCESS, InitMode, failure_messages, message_index
 from ._linalg.linear_solver import AbstractLinearSolver
@@ -139,10 +140,57 @@ def _core_inputs(inputs: Inputs) -> Inputs:
         saveat=_snap_saveat(sg(inputs.saveat), sg(inputs.t0), sg(inputs.t1)))
 
 
+def _rates_at_t0(config: Config, inputs: Inputs, yd):
+    """The dense output `yd` with y' of its rows at t0 made the solution's.
+
+    Rows at t0 are the initial values (y0, y'0), and along ker F_y' (the algebraic
+    components) y'0 is not determined by F = 0: `init="ya_ydp"` computes y_a and y'_d
+    only (as IDAS does), `init=None` and `init="y"` keep the caller's y'0, so y'_a there
+    was an unused guess (0 by default), reported in `sol.yps` and used as the rate of
+    the row at t0 by the output-time derivative (`_shift_to_saveat`, and so the
+    derivative with respect to t0 too). The solution's y'_a(t0) is that of the
+    differentiated DAE (index 1: Brenan, Campbell & Petzold, *Numerical Solution of
+    Initial-Value Problems in Differential-Algebraic Equations*, §2.5): along the
+    solution, F_t + F_y y' + F_y' y'' = 0 with F_y' Π = 0 is
+
+        (F_y Π + F_y' (I − Π)) u = −(F_t + F_y (I − Π) y'),   y'_a = Π u,
+
+    the consistency matrix C of `init="ya_ydp"` (one solve with the configured linear
+    solver, differentiable like every consistency solve). Rows at other times come from
+    the interpolating polynomial and are unchanged; so is the integration."""
+    if config.index2 or isinstance(inputs.args, DelayArgs):
+        return yd
+    sg = jax.lax.stop_gradient
+    t0 = inputs.t0
+    at_t0 = _snap_saveat(sg(inputs.saveat), sg(t0), sg(inputs.t1)) == sg(t0)
+    known = _concrete(at_t0)
+    mask = _concrete(inputs.algebraic)
+    if (known is not None and not known.any()) or (
+            not config.auto_split and mask is not None and not mask.any()):
+        return yd
+    j = jnp.argmax(at_t0)
+    args = inputs.args
+
+    def consistent(yd):
+        y, yp = yd[j, 0], yd[j, 1]
+        split = split_at(config.auto_split, config.residual, t0, y, yp, args,
+                         inputs.algebraic)
+        yp_d = split.diff(yp)
+        _, r = jax.jvp(lambda t, y_: config.residual(t, y_, yp, args), (t0, y),
+                       (jnp.ones_like(t0), yp_d))
+        u, singular = consistency_solve(config.linear_solver, config.residual, t0, y, yp,
+                                        args, split, -jnp.asarray(r, yd.dtype)[None])
+        rate = yp_d + split.alg(u[0])
+        use = at_t0 & ~singular & jnp.all(jnp.isfinite(rate))
+        return yd.at[:, 1].set(jnp.where(use[:, None], rate, yd[:, 1]))
+
+    return jax.lax.cond(unvmap_any(at_t0), consistent, lambda yd: yd, yd)
+
+
 def _solution(config: Config, inputs: Inputs, core):
     """(Solution, init_info) of a run's Core."""
-    ys, yps, qs = _shift_to_saveat(core.yd, core.qs, inputs.saveat, inputs.args,
-                                   config.quadrature)
+    ys, yps, qs = _shift_to_saveat(_rates_at_t0(config, inputs, core.yd), core.qs,
+                                   inputs.saveat, inputs.args, config.quadrature)
     stats = dict(core.stats)
     stats["t_final"] = core.t_final
     result = jax.tree_util.tree_map(jax.lax.stop_gradient, core.result)

@@ -220,6 +220,33 @@ def test_saveat_one_ulp_past_t1_is_t1():
     assert traced(jnp.array([0.5, 1.0 + 1e-12])).result == dae.RESULTS.invalid_saveat
 
 
+def _index1(t, y, yp, pq):
+    """x' = -p x + z, 0 = z - q x: x = x0 exp((q - p)(t - t0)), z = q x."""
+    return jnp.stack([yp[0] + pq[0] * y[0] - y[1], y[1] - pq[1] * y[0]])
+
+
+def test_rate_of_an_algebraic_component_at_t0():
+    """An output row at t0 reported y'_a(t0) as the unused guess in y'0 (0 here, and
+    init="ya_ydp" computes y_a and y'_d only, as in IDAS), exact z'(t0) = q (q - p) x0 =
+    -0.26, marked successful; the derivative of sol.ys at t0 with respect to that
+    output time (and so the one with respect to t0 too) used it: -0.195 instead of
+    -0.247 for 0.3 x + 0.2 z. Now the row's y' is the solution's, y'_a from the
+    differentiated algebraic equations (to the bound: the row at t0 is the
+    initialization's, the others the interpolant's)."""
+    rows = lambda s: dae.solve(_index1, 0.0, 1.0, jnp.array([1.3, 5.0]),  # noqa: E731
+                               args=jnp.array([0.9, 0.4]), saveat=s,
+                               algebraic=jnp.array([False, True]), rtol=RTOL, atol=RTOL)
+    s = jnp.array([0.0, 0.5, 1.0])
+    sol = rows(s)
+    x = 1.3 * np.exp(-0.5 * np.asarray(s))
+    rate = -0.5 * np.stack([x, 0.4 * x], axis=1)
+    np.testing.assert_allclose(np.asarray(sol.ys), np.stack([x, 0.4 * x], axis=1), rtol=BOUND)
+    np.testing.assert_allclose(np.asarray(sol.yps), rate, rtol=BOUND)
+    d_ys = jax.jacfwd(lambda s: rows(s).ys)(s)   # (row, component, time)
+    np.testing.assert_allclose(np.asarray(jnp.diagonal(d_ys, axis1=0, axis2=2)).T, rate,
+                               rtol=BOUND)
+
+
 @pytest.mark.parametrize("name", ["y0", "t1"])
 def test_concrete_nonfinite_input_is_named_before_tracing(name):
     """A concrete NaN was reported as `nonfinite_input` '(checked at run time because
