@@ -230,6 +230,31 @@ def set_partial_eval_rule(prim, inline: Callable[..., Any]) -> None:
 
     _partial_eval.custom_partial_eval_rules[prim] = rule
 
+    def jaxpr_rule(saveable, unks_in, inst_in, eqn):
+        # The same inlining where JAX partially evaluates a jaxpr rather than a trace
+        # (`jax.checkpoint`'s rematerialization: its jvp jaxpr holds the fused run, and
+        # without this rule the whole run was staged as unknown, so `grad` of a
+        # checkpointed solve failed with "Linearization failed to produce known values
+        # for all output primals"): `inline` traced as a `closed_call`, whose rule splits
+        # it into its known and staged parts.
+        params = eqn.params
+
+        def flat(*values):
+            return params["flatten"](inline(*unflatten_operands(values, params["static"],
+                                                                 params["treedef"])))
+
+        avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype,
+                                      weak_type=getattr(v.aval, "weak_type", False))
+                 for v in eqn.invars]
+        call = jax.make_jaxpr(flat)(*avals)
+        inlined = jax.extend.core.new_jaxpr_eqn(
+            eqn.invars, eqn.outvars, jax.extend.core.primitives.closed_call_p,
+            dict(call_jaxpr=call), call.effects, eqn.source_info, eqn.ctx)
+        return _partial_eval.partial_eval_jaxpr_custom_rules[
+            jax.extend.core.primitives.closed_call_p](saveable, unks_in, inst_in, inlined)
+
+    _partial_eval.partial_eval_jaxpr_custom_rules[prim] = jaxpr_rule
+
 
 # --------------------------------------------------------- 5. batching rules
 

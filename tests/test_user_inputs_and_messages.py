@@ -264,6 +264,15 @@ def test_reverse_over_reverse_and_over_forward():
     assert abs(float(jax.jacrev(jax.jacfwd(y_end))(k)) - e) <= BOUND
 
 
+def test_grad_of_a_checkpointed_solve():
+    """jax.grad of a solve under jax.checkpoint (rematerialization, as in a memory-bound
+    training step) failed with JAX's "Linearization failed to produce known values for
+    all output primals": the checkpoint's jvp held the fused forward run, which its
+    partial evaluation staged whole. Now it gives -e^{-k}."""
+    g = jax.jit(jax.grad(jax.checkpoint(y_end)))(0.5)
+    assert abs(float(g) + np.exp(-0.5)) <= BOUND
+
+
 def test_derivative_wrt_tolerance_is_a_clear_error():
     with pytest.raises(ValueError, match="not differentiable with respect to rtol"):
         jax.grad(lambda r: dae.solve(decay, 0.0, 1.0, jnp.ones(1), args=0.5, rtol=r,
