@@ -14,8 +14,7 @@ import numpy as np
 from jaxtyping import ArrayLike
 
 from ._closures import lift_closures
-from ._consistency import AUTO_SPLIT_MAX_N, consistency_solve, split_at, unknown_mask
-from ._delay.buffer import DelayArgs
+from ._consistency import AUTO_SPLIT_MAX_N, unknown_mask
 from ._core import Config, Inputs
 from ._derivatives import batching  # noqa: F401 - installs the primitives' batching rules
 from ._derivatives.adjoint import Adjoint
@@ -23,7 +22,7 @@ from ._derivatives.autodiff import solve_core
 from ._derivatives.discrete_adjoint import DiscreteAdjoint
 from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
-from ._jax_internals import batched_loops, explicit_batch_axis, is_batched, unvmap_any
+from ._jax_internals import batched_loops, explicit_batch_axis, is_batched
 from ._index2 import check_index2_mask, index2_check, project
 from ._initialization import SUCCESS, InitMode, failure_messages, message_index
 from ._linalg.linear_solver import AbstractLinearSolver
@@ -140,79 +139,10 @@ def _core_inputs(inputs: Inputs) -> Inputs:
         saveat=_snap_saveat(sg(inputs.saveat), sg(inputs.t0), sg(inputs.t1)))
 
 
-def _rates_at_t0(config: Config, inputs: Inputs, yd):
-    """The dense output `yd` with y' and y'' of its rows at t0 made the solution's.
-
-    Rows at t0 are the initial values (y0, y'0) with y'' = 0 (the initial state's
-    polynomial is of degree 1), and along ker F_y' (the algebraic components) y'0 is not
-    determined by F = 0: `init="ya_ydp"` computes y_a and y'_d only (as IDAS does),
-    `init=None` and `init="y"` keep the caller's y'0. So y'_a there was an unused guess
-    (0 by default), reported in `sol.yps`, and the output-time derivatives
-    (`_shift_to_saveat`: d sol.ys/dt = y', d sol.yps/dt and d² sol.ys/dt² = y'') of a
-    row at t0 used it and y'' = 0 — and so did the derivatives with respect to t0.
-
-    The solution's values are those of the differentiated DAE (index 1: Brenan,
-    Campbell & Petzold, *Numerical Solution of Initial-Value Problems in
-    Differential-Algebraic Equations*, §2.5). Along the solution F_t + F_y y' + F_y' y''
-    = 0, and with F_y' Π = 0 the unknowns Π y' and (I − Π) y'' solve
-
-        C u = −(F_t + F_y (I − Π) y'),   C = F_y Π + F_y' (I − Π),
-
-    the consistency matrix of `init="ya_ydp"`; differentiated once more (with ker F_y'
-    constant, as for a mask), Π y'' and (I − Π) y⁽³⁾ solve C w = −g⁽²⁾(0) for
-    g(τ) = F(t0 + τ, y + τ y' + τ² (I − Π) y''/2, y' + τ (I − Π) y''). Two solves with
-    the configured linear solver, differentiable like every consistency solve, only
-    when a row is at t0. Rows at other times come from the interpolating polynomial and
-    are unchanged; so is the integration."""
-    if config.index2 or isinstance(inputs.args, DelayArgs) or yd.shape[1] < 3:
-        return yd
-    sg = jax.lax.stop_gradient
-    # The rows are the core's, at the output times not differentiated through (their
-    # motion, and so t0's, is `_shift_to_saveat`'s): their time is t0's value.
-    t0 = sg(inputs.t0)
-    at_t0 = _snap_saveat(sg(inputs.saveat), t0, sg(inputs.t1)) == t0
-    known = _concrete(at_t0)
-    if known is not None and not known.any():
-        return yd
-    j = jnp.argmax(at_t0)
-    args = inputs.args
-    F = config.residual
-
-    def solve_c(y, yp, split, rhs):
-        return consistency_solve(config.linear_solver, F, t0, y, yp, args, split,
-                                 -jnp.asarray(rhs, yd.dtype)[None])
-
-    def consistent(yd):
-        y, yp = yd[j, 0], yd[j, 1]
-        split = split_at(config.auto_split, F, t0, y, yp, args, inputs.algebraic)
-        yp_d = split.diff(yp)
-        _, r = jax.jvp(lambda t, y_: F(t, y_, yp, args), (t0, y), (jnp.ones_like(t0), yp_d))
-        u, singular = solve_c(y, yp, split, r)
-        yp = yp_d + split.alg(u[0])
-        ypp_d = split.diff(u[0])
-
-        def g(tau):
-            return F(t0 + tau, y + tau * yp + 0.5 * tau**2 * ypp_d, yp + tau * ypp_d, args)
-
-        def dg(tau):
-            return jax.jvp(g, (tau,), (jnp.ones_like(tau),))[1]
-
-        tau = jnp.zeros_like(t0)
-        _, r2 = jax.jvp(dg, (tau,), (jnp.ones_like(tau),))
-        w, singular2 = solve_c(y, yp, split, r2)
-        ypp = ypp_d + split.alg(w[0])
-        use = (at_t0 & ~singular & ~singular2 & jnp.all(jnp.isfinite(yp))
-               & jnp.all(jnp.isfinite(ypp)))[:, None]
-        yd = yd.at[:, 1].set(jnp.where(use, yp, yd[:, 1]))
-        return yd.at[:, 2].set(jnp.where(use, ypp, yd[:, 2]))
-
-    return jax.lax.cond(unvmap_any(at_t0), consistent, lambda yd: yd, yd)
-
-
 def _solution(config: Config, inputs: Inputs, core):
     """(Solution, init_info) of a run's Core."""
-    ys, yps, qs = _shift_to_saveat(_rates_at_t0(config, inputs, core.yd), core.qs,
-                                   inputs.saveat, inputs.args, config.quadrature)
+    ys, yps, qs = _shift_to_saveat(core.yd, core.qs, inputs.saveat, inputs.args,
+                                   config.quadrature)
     stats = dict(core.stats)
     stats["t_final"] = core.t_final
     result = jax.tree_util.tree_map(jax.lax.stop_gradient, core.result)
