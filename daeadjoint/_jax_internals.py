@@ -49,7 +49,10 @@ Not here: the names `jax.core` still exports as public (`ShapedArray`, `Tracer`,
    jvp), the fused primitive is replaced by its unfused form, whose primal part is known
    and whose tangent part is the linear, transposable primitive. Without it `grad`
    through a `jit` around a solve would reach the fused run's transpose (an internal
-   error).
+   error). The same replacement is registered for JAX's partial evaluation of jaxprs
+   (`partial_eval_jaxpr_custom_rules`, handing the unfused form to the rule of
+   `closed_call`), which `jax.checkpoint` uses: without it `grad` of a checkpointed
+   solve failed ("Linearization failed to produce known values").
 5. **Replaced batching rules** (`jax.interpreters.batching.fancy_primitive_batchers`):
    `create_vprim` batches a primitive by `vmap` of its rules. A batch of the linear
    operand alone (the tangents of `jacfwd`, the cotangents of `jacrev`) is instead
