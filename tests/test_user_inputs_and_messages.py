@@ -127,9 +127,7 @@ def test_hessian_with_discrete_adjoint():
     [[v0(3 − π²/4)/4, −1/2], [−1/2, 0]] at c = 1, v0 = 1/2, within the 100·rtol bound."""
     theta = jnp.array([1.0, 0.5])
     H = jax.jit(jax.hessian(lambda th: _psi1(th, dae.DiscreteAdjoint())))(theta)
-    # Jitted: one small program (eagerly, the nested transformation's pieces compile
-    # one by one, ~50 programs).
-    exact = jax.jit(jax.hessian(_psi1_exact))(theta)
+    exact = jax.hessian(_psi1_exact)(theta)
     np.testing.assert_allclose(np.asarray(H), np.asarray(exact), rtol=0, atol=BOUND)
 
 
