@@ -11,8 +11,10 @@ Robertson problems, rate constants and y1(0) varying, sharded over 4 devices und
 `jax.jit(jax.vmap(...))`), or `ensemble` (the solve by `daeadjoint.ensemble` over the 4
 devices in chunks of 4: one member per device per chunk; MODE is then ignored). Every
 member is compared with its own unbatched solve. Prints one JSON line per transform: the largest difference relative
-to the member's scale, the output's sharding, the number of devices its shards sit on
-and the number of cross-device operations in the compiled program.
+to the member's scale, the largest difference between a member's result and the same
+compiled program's result for a batch of 8 copies of that member (`isolation_diff`; None
+under `ensemble`), the output's sharding, the number of devices its shards sit on and
+the number of cross-device operations in the compiled program.
 """
 
 import json
@@ -103,7 +105,7 @@ def main():
     k_s, y10_s = jax.device_put(k, sharding), jax.device_put(y10, sharding)
     for name in names:
         fn = TRANSFORMS.get(name, output)
-        collectives = None
+        collectives = isolation = None
         batched = jax.jit(jax.vmap(fn))
         if name == "ensemble":
             out = dae.ensemble(output, k, y10, chunk_size=4)
@@ -118,10 +120,22 @@ def main():
             with jax.set_mesh(mesh):
                 compiled = batched.lower(k_s, y10_s).compile()
                 out = compiled(k_s, y10_s)
+                # Each member alone: the same compiled program on a batch of 8 copies
+                # of member i (other neighbours, other devices, no other member in
+                # the batch-wide loop conditions).
+                alone = [compiled(jax.device_put(k[[i] * b], sharding),
+                                  jax.device_put(y10[[i] * b], sharding)) for i in range(b)]
             # Cross-device operations inside the program's loops (explicit axes:
             # none, each device runs its own loops; auto: the loops' conditions are
             # reduced across devices).
             collectives = loop_collectives(compiled.as_text())
+            isolation = 0.0
+            for i in range(b):
+                for o, a in zip(jax.tree_util.tree_leaves(out),
+                                jax.tree_util.tree_leaves(alone[i])):
+                    o, a = np.asarray(o)[i], np.asarray(a)
+                    isolation = max(isolation, float(np.max(np.abs(a - o[None]))
+                                                     / np.max(np.abs(o))))
         single = jax.jit(fn)
         worst = 0.0
         for i in range(b):
@@ -133,6 +147,7 @@ def main():
         leaf = jax.tree_util.tree_leaves(out)[0]
         spec = getattr(leaf.sharding, "spec", None)
         print(json.dumps({"mode": mode, "transform": name, "max_rel_diff": worst,
+                          "isolation_diff": isolation,
                           "spec": str(spec), "collectives": collectives,
                           "devices": len({s.device for s in leaf.addressable_shards})}),
               flush=True)
