@@ -17,21 +17,25 @@ def x1(t, x, xp, args):
 
 
 @jax.jit
-def _r4_grads(c, v0, rtol, tstop):
-    def psi(c, v0):
-        sol = dae.solve(oscillator, 0.0, jnp.pi / 2, jnp.stack([0.0, v0]), jnp.stack([v0, 0.0]),
+def _r4_grads(c, v0, t0, t1, rtol, tstop):
+    """The derivatives of ψ1 = x1(t1) and ψ2 = ∫_{t0}^{t1} x1 with respect to (c, v0, t0,
+    t1) by the adjoint. Times, tolerances and tstop are traced: one compilation for the
+    R4 tests and `test_time_gradients`."""
+    def psi(c, v0, t0, t1):
+        sol = dae.solve(oscillator, t0, t1, jnp.stack([0.0, v0]), jnp.stack([v0, 0.0]),
                         jnp.stack([c]), quadrature=x1, quad_error_control=True, rtol=rtol,
                         atol=rtol, tstop=tstop)
         return sol.ys[-1, 0], sol.qs[-1, 0]
 
-    return jax.jacrev(psi, argnums=(0, 1))(c, v0)
+    return jax.jacrev(psi, argnums=(0, 1, 2, 3))(c, v0, t0, t1)
 
 
 def r4_grads(c, v0, rtol, at_step_end):
     """All four exact derivatives of ψ1 = x1(π/2) and ψ2 = ∫ x1 (Eberhard & Bischof §3) by the
-    adjoint; t1 inside a step (interpolated) or at a step end (tstop = t1). Tolerances
-    and tstop are traced, so every case shares one compilation."""
-    return _r4_grads(c, v0, rtol, np.pi / 2 if at_step_end else np.inf)
+    adjoint; t1 inside a step (interpolated) or at a step end (tstop = t1)."""
+    (d1c, d1v, _, _), (d2c, d2v, _, _) = _r4_grads(c, v0, 0.0, np.pi / 2, rtol,
+                                                   np.pi / 2 if at_step_end else np.inf)
+    return (d1c, d1v), (d2c, d2v)
 
 
 @pytest.mark.parametrize("rtol", [1e-5, 1e-8])
@@ -161,8 +165,10 @@ def test_adjoint_boundary_layer_at_late_times():
     gradient at rtol 1e-6 is within 100·rtol of the forward-sensitivity Jacobian at
     rtol 1e-10 (forward sensitivities are checked against IDAS's FSA values in
     test_transformations.py); measured 3e-6."""
-    g = np.asarray(jax.grad(_robertson_y1_final)(ROBERTSON_P, 1e-6))
-    ref = np.asarray(jax.jacfwd(_robertson_y1_final)(ROBERTSON_P, 1e-10))
+    # jitted: one program each (eagerly, the gradient's forward and backward parts
+    # compile separately)
+    g = np.asarray(jax.jit(jax.grad(_robertson_y1_final))(ROBERTSON_P, 1e-6))
+    ref = np.asarray(jax.jit(jax.jacfwd(_robertson_y1_final))(ROBERTSON_P, 1e-10))
     np.testing.assert_allclose(g, ref, rtol=100 * 1e-6)
 
 
@@ -315,14 +321,8 @@ def test_time_gradients():
     −v0 cos(t1 − t0) (moving the start with y(t0) fixed). ∫_{t0}^{t1} x1 = v0(1 − cos(t1 −
     t0)) gives ∓v0 sin(t1 − t0). Within 100·rtol as the other exact checks."""
     rtol = 1e-8
-
-    def out(t0, t1):
-        sol = dae.solve(oscillator, t0, t1, jnp.array([0.0, 0.5]), jnp.array([0.5, 0.0]),
-                        jnp.array([1.0]), quadrature=x1, quad_error_control=True, rtol=rtol,
-                        atol=rtol)
-        return sol.ys[-1, 0], sol.qs[-1, 0]
-
-    (dx_dt0, dx_dt1), (dq_dt0, dq_dt1) = jax.jit(jax.jacrev(out, argnums=(0, 1)))(0.2, 1.3)
+    # The R4 tests' program (c = 1, v0 = 0.5, no tstop), times traced.
+    (_, _, dx_dt0, dx_dt1), (_, _, dq_dt0, dq_dt1) = _r4_grads(1.0, 0.5, 0.2, 1.3, rtol, np.inf)
     c, s = 0.5 * np.cos(1.1), 0.5 * np.sin(1.1)
     for got, want in [(dx_dt1, c), (dx_dt0, -c), (dq_dt1, s), (dq_dt0, -s)]:
         assert abs(float(got) - want) <= 100 * rtol, (float(got), want)
@@ -514,10 +514,22 @@ def _square_wave_decay(t, y, yp, a):
     return yp + a * y - jnp.where(jnp.mod(t, 1.0) < 0.5, 1.0, -1.0)
 
 
+# The runs of `_square_wave_forward`, by `every`: the tests below replay the same run
+# (one compiled forward program for all of them instead of one per test).
+_SQUARE_WAVE_RUNS: dict = {}
+
+
 def _square_wave_forward(every, monkeypatch):
     """The recording forward run of `_square_wave_decay` over 0 … 10 (rtol 1e-8,
     checkpoints every `every` steps), every step kept too: (dense steps, the recording,
-    the problem a replay integrates, its max_steps)."""
+    the problem a replay integrates, its max_steps). Computed once per `every` (before
+    any test patches the module: the callers patch only after it returns)."""
+    if every not in _SQUARE_WAVE_RUNS:
+        _SQUARE_WAVE_RUNS[every] = _square_wave_run(every, monkeypatch)
+    return _SQUARE_WAVE_RUNS[every]
+
+
+def _square_wave_run(every, monkeypatch):
     import dataclasses
 
     import daeadjoint._solve as solve_module

@@ -56,8 +56,19 @@ def _impact_exact(theta, level):
     return jnp.stack([t, v0 - g * t])
 
 
-_impact_rev = jax.jit(jax.jacrev(_impact))
+def _impact_and_solution(theta, which):
+    sol = _body_event(theta, which)
+    return jnp.stack([sol.event_t, sol.event_y[1]]), sol
+
+
+# jacrev's auxiliary output is the solution of its own forward run: the forward checks
+# come from the derivative's program (one program for both, no separate solve).
+_impact_rev = jax.jit(jax.jacrev(_impact_and_solution, has_aux=True))
 _impact_fwd = jax.jit(jax.jacfwd(_impact))
+# The exact values and Jacobian in one small program (eagerly, each of their ~40
+# operations compiles alone); `level` traced: both cases share it.
+_impact_exact_jac = jax.jit(lambda th, level: (_impact_exact(th, level),
+                                               jax.jacfwd(_impact_exact)(th, level)))
 
 
 @pytest.mark.parametrize("which, level", [(0.0, 0.0), (1.0, 1.0)],
@@ -67,14 +78,13 @@ def test_event_time_and_state_exact(which, level):
     the moving-final-time jump at t*) and jax.jacfwd (the implicit function theorem on
     the sensitivities): all equal the exact ones within 100·rtol of their size; rows
     saved after the terminal event are unreached (inf), the status is a success."""
-    sol = jax.jit(_body_event)(THETA, which)
+    J_rev, sol = _impact_rev(THETA, which)
     assert sol.result == dae.RESULTS.event
     assert np.all(np.isinf(np.asarray(sol.ys[1]))) and np.all(np.isfinite(np.asarray(sol.ys[0])))
-    exact = np.asarray(_impact_exact(THETA, level))
+    exact, J_exact = (np.asarray(x) for x in _impact_exact_jac(THETA, level))
     np.testing.assert_allclose([float(sol.event_t), float(sol.event_y[1])], exact,
                                rtol=BOUND)
-    J_exact = np.asarray(jax.jacfwd(lambda th: _impact_exact(th, level))(THETA))
-    for J in (_impact_rev(THETA, which), _impact_fwd(THETA, which)):
+    for J in (J_rev, _impact_fwd(THETA, which)):
         np.testing.assert_allclose(np.asarray(J), J_exact, rtol=0,
                                    atol=BOUND * np.max(np.abs(J_exact)))
 
@@ -95,11 +105,11 @@ def test_robertson_stopped_at_y3_one_half_vs_ida():
     jax.jacfwd) against central differences of IDA's event times within 1e-4 relative
     (their own error ~1e-5, see tests/ida_event_reference.py, plus ours ~100·rtol)."""
     ref = IDA_ROBERTSON_EVENT
-    t = float(robertson_event_time(ROBERTSON_P, RTOL))
-    assert abs(t - ref["t_star"]) <= BOUND * ref["t_star"]
-    for jac in (jax.grad, jax.jacfwd):
-        g = np.asarray(jax.jit(jac(robertson_event_time))(ROBERTSON_P, RTOL))
-        np.testing.assert_allclose(g, ref["dt_dp"], rtol=1e-4)
+    # t* from the gradient's own forward run (one program for both)
+    t, g_rev = jax.jit(jax.value_and_grad(robertson_event_time))(ROBERTSON_P, RTOL)
+    assert abs(float(t) - ref["t_star"]) <= BOUND * ref["t_star"]
+    for g in (g_rev, jax.jit(jax.jacfwd(robertson_event_time))(ROBERTSON_P, RTOL)):
+        np.testing.assert_allclose(np.asarray(g), ref["dt_dp"], rtol=1e-4)
 
 
 def test_vmap_members_with_different_events_and_none():
@@ -109,13 +119,19 @@ def test_vmap_members_with_different_events_and_none():
     never hits, with status successful and zero derivative), and jax.vmap(jax.grad)
     gives each member its own exact dt*/dh0."""
     thetas = jnp.array([[10.0, 2.0, 9.81], [5.0, 0.0, 9.81], [10.0, 2.0, 1e-3]])
-    sols = jax.jit(jax.vmap(_body_event))(thetas)
+
+    def event_t(th):
+        sol = _body_event(th)
+        return sol.event_t, sol
+
+    # The solutions are the gradients' own forward runs (one program for both).
+    g, sols = jax.jit(jax.vmap(jax.grad(event_t, has_aux=True)))(thetas)
+    g = np.asarray(g)
     t = np.asarray(sols.event_t)
-    exact = np.asarray(jax.vmap(lambda th: _impact_exact(th, 0.0)[0])(thetas))
+    exact, g_exact = (np.asarray(x) for x in jax.jit(jax.vmap(jax.value_and_grad(
+        lambda th: _impact_exact(th, 0.0)[0])))(thetas))
     np.testing.assert_allclose(t[:2], exact[:2], rtol=BOUND)
     assert np.isinf(t[2]) and sols.result._value[2] == dae.RESULTS.successful._value
-    g = np.asarray(jax.jit(jax.vmap(jax.grad(lambda th: _body_event(th).event_t)))(thetas))
-    g_exact = np.asarray(jax.vmap(jax.grad(lambda th: _impact_exact(th, 0.0)[0]))(thetas))
     np.testing.assert_allclose(g[:2], g_exact[:2], rtol=0, atol=BOUND * np.max(np.abs(g_exact[:2])))
     assert np.all(g[2] == 0.0)
 
@@ -205,18 +221,23 @@ def test_failed_batch_member_gets_nan_derivatives():
     """y' = p y², y(0) = 1 blows up at t = 1/p: with throw=False, in a batch where the
     member p = 2 fails before t1 = 1, that member's gradient (and jacfwd) is NaN with a
     failed status, and the others get their exact dy(1)/dp = 1/(1 − p)² (to 100·rtol)."""
+    def _blowup(p):
+        return dae.solve(lambda t, y, yp, p: yp - p * y ** 2, 0.0, 1.0, jnp.ones(1), args=p,
+                         throw=False, rtol=RTOL, atol=RTOL, max_steps=2000)
+
     def f(p):
-        sol = dae.solve(lambda t, y, yp, p: yp - p * y ** 2, 0.0, 1.0, jnp.ones(1), args=p,
-                        throw=False, rtol=RTOL, atol=RTOL, max_steps=2000)
-        return sol.ys[-1, 0]
+        return _blowup(p).ys[-1, 0]
+
+    def f_and_status(p):
+        sol = _blowup(p)
+        return sol.ys[-1, 0], sol.result._value
 
     ps = jnp.array([0.5, 2.0, 0.25])
-    status = jax.vmap(lambda p: dae.solve(lambda t, y, yp, p: yp - p * y ** 2, 0.0, 1.0,
-                                          jnp.ones(1), args=p, throw=False, rtol=RTOL,
-                                          atol=RTOL, max_steps=2000).result._value)(ps)
+    # The status from the gradient's own forward runs (one program for both).
+    g_rev, status = jax.jit(jax.vmap(jax.grad(f_and_status, has_aux=True)))(ps)
     assert status[1] != dae.RESULTS.successful._value
     exact = 1 / (1 - np.asarray(ps)) ** 2
-    for g in (jax.jit(jax.vmap(jax.grad(f)))(ps), jax.jit(jax.vmap(jax.jacfwd(f)))(ps)):
+    for g in (g_rev, jax.jit(jax.vmap(jax.jacfwd(f)))(ps)):
         g = np.asarray(g)
         assert np.isnan(g[1])
         np.testing.assert_allclose(g[[0, 2]], exact[[0, 2]], rtol=BOUND)

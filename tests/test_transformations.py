@@ -135,8 +135,15 @@ def kinetics_algebraic(p, rtol):
                      atol=rtol).ys[:, 2]
 
 
-# One compiled jacfwd of `kinetics_algebraic` (rtol traced), shared by the tests below.
-_kinetics_algebraic_jacfwd = jax.jit(jax.jacfwd(kinetics_algebraic))
+# One compiled jacfwd of `kinetics_algebraic` (rtol traced), shared by the tests below;
+# its auxiliary output is the primal of the same forward-mode run (the state integrated
+# with its sensitivities in one run).
+_kinetics_algebraic_jacfwd_and_value = jax.jit(jax.jacfwd(
+    lambda p, rtol: (kinetics_algebraic(p, rtol),) * 2, has_aux=True))
+
+
+def _kinetics_algebraic_jacfwd(p, rtol):
+    return _kinetics_algebraic_jacfwd_and_value(p, rtol)[0]
 
 
 def test_forward_sensitivities_of_algebraic_components():
@@ -190,7 +197,7 @@ def test_vmap_of_jacfwd_and_linearize():
     jax.linearize's linear map equals jacfwd."""
     ps = jnp.array([[0.8, 2.0, 0.3, 0.5], [1.2, 1.0, 0.5, 0.2]])
     batched = jax.jit(jax.vmap(jax.jacfwd(kinetics_algebraic), in_axes=(0, None)))(ps, 1e-8)
-    single = _kinetics_algebraic_jacfwd
+    single = _kinetics_algebraic_jacfwd     # the shared program
     for i in range(2):
         np.testing.assert_allclose(batched[i], single(ps[i], 1e-8), rtol=2e-7, atol=2e-7)
     v = jnp.array([0.3, -0.2, 0.5, 0.1])
@@ -201,30 +208,41 @@ def test_vmap_of_jacfwd_and_linearize():
 
 
 def test_pure_forward_mode_is_one_run_and_grad_of_vmap_is_not():
-    """jax.jvp integrates the state with its sensitivities in one run (the fused
-    primitive, no separate primal solve), and its primal output is that run's solution:
-    within 200·rtol of the plain solve (both within ~100·rtol of the truth, as above;
-    the steps differ under full error control). Linearization (`grad`, also of a
-    vmapped solve, where JAX's tangents reach the solve through vmap) keeps the primal
-    solve and the linear tangent map apart, so the adjoint serves it: grad of a sum over
-    a vmapped solve equals the sum of the members' gradients (rtol 1e-7, reverse mode
-    run the same way for both)."""
+    """jax.jvp (and jax.jacfwd, jvp in every direction at once) integrates the state
+    with its sensitivities in one run (the fused primitive, no separate primal solve),
+    and its primal output is that run's solution: within 200·rtol of the plain solve
+    (both within ~100·rtol of the truth, as above; the steps differ under full error
+    control). Linearization (`grad`, also of a vmapped solve, where JAX's tangents reach
+    the solve through vmap) keeps the primal solve and the linear tangent map apart, so
+    the adjoint serves it: grad of a sum over a vmapped solve equals the sum of the
+    members' gradients (rtol 1e-7, reverse mode run the same way for both)."""
     p = jnp.array([0.8, 2.0, 0.3, 0.5])
     v = jnp.array([0.3, -0.2, 0.5, 0.1])
     jvp = jax.jit(lambda p, v: jax.jvp(lambda q: kinetics_algebraic(q, 1e-8), (p,), (v,)))
     prims = {e.primitive.name for e in jax.make_jaxpr(jvp)(p, v).jaxpr.eqns[0].params["jaxpr"].eqns}
     text = str(jax.make_jaxpr(jvp)(p, v))
     assert "daeadjoint_primal_tangent" in text and "daeadjoint_tangent[" not in text, prims
-    y, _ = jvp(p, v)
+    # The primal output checked is that of jacfwd (jvp in the four directions at once,
+    # the same fused primitive), whose program the tests above compiled: compiling the
+    # jvp's own program for it cost a program more.
+    jac_text = str(jax.make_jaxpr(_kinetics_algebraic_jacfwd_and_value)(p, 1e-8))
+    assert "daeadjoint_primal_tangent" in jac_text and "daeadjoint_tangent[" not in jac_text
+    _, y = _kinetics_algebraic_jacfwd_and_value(p, 1e-8)
     np.testing.assert_allclose(y, kinetics_algebraic(p, 1e-8), rtol=0, atol=200 * 1e-8)
 
-    ps = jnp.array([[0.8, 2.0, 0.3, 0.5], [1.2, 1.0, 0.5, 0.2]])
-    loss = lambda q: jnp.sum(kinetics_algebraic(q, 1e-8) ** 2)  # noqa: E731
-    g_batched = jax.jit(jax.grad(lambda qs: jnp.sum(jax.vmap(loss)(qs))))(ps)
-    g_single = jax.jit(jax.grad(loss))
-    assert "daeadjoint_cotangent" in str(jax.make_jaxpr(jax.grad(lambda qs: jnp.sum(jax.vmap(loss)(qs))))(ps))
+    # The members' gradients with respect to the parameters in the residual and y0 are
+    # those of `_rev7` (compiled by test_jacfwd_equals_jacrev_nonlinear_index1; rtol and
+    # the observation time traced in both programs, the latter shared by the members).
+    thetas = jnp.stack([THETA7[:6], jnp.array([1.2, 1.0, 0.5, 0.2, 0.5, 0.4])])
+    t_obs = THETA7[6]
+    # Traced once: its jaxpr is inspected and the same trace lowered and compiled.
+    traced = jax.jit(jax.grad(lambda ths, t, r: jnp.sum(
+        jax.vmap(lambda th: kinetics_loss_t(th, t, r))(ths)))).trace(thetas, t_obs, 1e-8)
+    assert "daeadjoint_cotangent" in str(traced.jaxpr)
+    g_batched = traced.lower().compile()(thetas, t_obs, 1e-8)
     for i in range(2):
-        np.testing.assert_allclose(g_batched[i], g_single(ps[i]), rtol=1e-7, atol=1e-12)
+        g_single = _rev7(jnp.concatenate([thetas[i], t_obs[None]]), 1e-8)[:6]
+        np.testing.assert_allclose(g_batched[i], g_single, rtol=1e-7, atol=1e-12)
 
 
 @pytest.mark.slow
