@@ -51,17 +51,25 @@ def _zero_until(order: int, beyond: str):
     and beyond: NaN (`beyond="nan"`, Z_0' = NaN·Δ̇) or an error when JAX differentiates
     Z_0 (`"raise"`)."""
 
+    def zeros(delta):
+        # Exact zeros computed from Δ (a select, not `zeros_like`): under a `vmap` that
+        # batches Δ they are batched like the tangent below, which JAX requires of a
+        # custom JVP's outputs inside a `jit` when it linearizes (with an unbatched
+        # primal, `grad` of a vmapped solve with batched output times failed to trace:
+        # "broadcast_in_dim broadcast_dimensions must have length equal to operand ndim").
+        return jnp.where(jnp.ones_like(delta, dtype=bool), jnp.zeros((), delta.dtype), delta)
+
     @jax.custom_jvp
     def zero(delta):
-        return jnp.zeros_like(delta)
+        return zeros(delta)
 
     @zero.defjvp
     def zero_jvp(primals, tangents):
         (delta,), (delta_dot,) = primals, tangents
         if order > 0:
-            return zero(delta), _zero_until(order - 1, beyond)(delta) * delta_dot
+            return zeros(delta), _zero_until(order - 1, beyond)(delta) * delta_dot
         if beyond == "nan":
-            return zero(delta), delta_dot * jnp.nan
+            return zeros(delta), delta_dot * jnp.nan
         raise ValueError(
             "daeadjoint: this derivative of order > "
             f"{DENSE_ORDER} with respect to the output times (saveat or t1) is not "

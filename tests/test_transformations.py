@@ -207,6 +207,24 @@ def test_vmap_of_jacfwd_and_linearize():
     np.testing.assert_allclose(lin_v(ps[0], v), single(ps[0], 1e-8) @ v, rtol=1e-6, atol=1e-9)
 
 
+def test_grad_of_vmap_with_batched_output_times():
+    """grad of a sum over a vmapped solve whose members have their own output times
+    (failed to trace: a custom JVP of the output-time shift returned an unbatched primal
+    with a batched tangent inside the solve's jit) equals the exact derivatives of
+    y = e^(-p t) with respect to each member's p and output time, to 100·rtol (the
+    solution's global error, amplified at most by the O(1) constants of y' = -p y)."""
+    def y_at(p, t):
+        return dae.solve(lambda t, y, yp, p: yp + p * y, 0.0, 2.0, jnp.ones(1), args=p,
+                         saveat=jnp.stack([t, 2.0]), rtol=1e-8, atol=1e-10).ys[0, 0]
+
+    ps, ts = jnp.array([0.5, 0.7]), jnp.array([0.5, 1.0])
+    gp, gt = jax.jit(jax.grad(lambda ps, ts: jnp.sum(jax.vmap(y_at)(ps, ts)),
+                              argnums=(0, 1)))(ps, ts)
+    e = np.exp(-np.asarray(ps) * np.asarray(ts))
+    np.testing.assert_allclose(gp, -np.asarray(ts) * e, rtol=1e-6)
+    np.testing.assert_allclose(gt, -np.asarray(ps) * e, rtol=1e-6)
+
+
 def test_pure_forward_mode_is_one_run_and_grad_of_vmap_is_not():
     """jax.jvp (and jax.jacfwd, jvp in every direction at once) integrates the state
     with its sensitivities in one run (the fused primitive, no separate primal solve),
