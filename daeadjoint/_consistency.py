@@ -161,6 +161,16 @@ def consistency_solve(linear_solver, residual, t, y, yp, args, split, rhs, trans
     the same factorization and the same solve, called directly instead of through
     `custom_linear_solve`, whose matrix–vector products (a `jax.jvp` and a `jax.vjp` of
     the residual, traced and lowered with every solve) only its derivative rules use."""
+    solve, singular = consistency_factor(linear_solver, residual, t, y, yp, args, split,
+                                         transpose, differentiable)
+    return solve(rhs), singular
+
+
+def consistency_factor(linear_solver, residual, t, y, yp, args, split, transpose=False,
+                       differentiable=True):
+    """`consistency_solve` split in two: C (or Cᵀ) factored once, returned as
+    (solve, singular) with solve(rhs) the x of every row of rhs (k, n) — for callers
+    with several right-hand sides computed one from another's solution."""
     from ._linalg.linear_solver import DenseLU
     if not isinstance(split, Split):
         split = Split(mask=split)
@@ -185,12 +195,12 @@ def consistency_solve(linear_solver, residual, t, y, yp, args, split, rhs, trans
 
     if not differentiable:
         one = solve_t if transpose else solve
-        return jax.vmap(lambda b: one(None, b))(rhs), aux.is_singular(state)
+        return (lambda rhs: jax.vmap(lambda b: one(None, b))(rhs)), aux.is_singular(state)
     if transpose:
         one = lambda b: jax.lax.custom_linear_solve(vecmat, b, solve_t, solve)  # noqa: E731
     else:
         one = lambda b: jax.lax.custom_linear_solve(matvec, b, solve, solve_t)  # noqa: E731
-    return jax.vmap(one)(rhs), aux.is_singular(state)
+    return (lambda rhs: jax.vmap(one)(rhs)), aux.is_singular(state)
 
 
 def _float0_like(x):

@@ -69,6 +69,10 @@ class Config(eqx.Module):
     # primal run is a primitive too (`autodiff.forward_p`), so that every integration
     # of the batch is split over the devices by `shard_map` (`batching.py`).
     explicit_batch: bool = eqx.field(static=True, default=False)
+    # Whether an output row lies at t0: 0 no, 1 perhaps (something traced), 2 yes (known
+    # before tracing). The rows at t0 get y' and y'' of the differentiated DAE
+    # (`_solve._rates_at_t0`), compiled in only where one may be.
+    rows_at_t0: int = eqx.field(static=True, default=1)
     # `solve` was called under a `vmap` that batches its inputs (`is_batched`): the
     # integrations step the members in one flat loop (`_integrator.integrate`). Static,
     # because the solve is traced unbatched inside its own `jit`, which the `vmap` then

@@ -14,7 +14,8 @@ import numpy as np
 from jaxtyping import ArrayLike
 
 from ._closures import lift_closures
-from ._consistency import AUTO_SPLIT_MAX_N, unknown_mask
+from ._consistency import AUTO_SPLIT_MAX_N, consistency_factor, split_at, unknown_mask
+from ._delay.buffer import DelayArgs
 from ._core import Config, Inputs
 from ._derivatives import batching  # noqa: F401 - installs the primitives' batching rules
 from ._derivatives.adjoint import Adjoint
@@ -22,10 +23,11 @@ from ._derivatives.autodiff import solve_core
 from ._derivatives.discrete_adjoint import DiscreteAdjoint
 from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
-from ._jax_internals import batched_loops, explicit_batch_axis, is_batched
+from ._jax_internals import batched_loops, explicit_batch_axis, is_batched, unvmap_any
 from ._index2 import check_index2_mask, index2_check, project
 from ._initialization import SUCCESS, InitMode, failure_messages, message_index
-from ._linalg.linear_solver import AbstractLinearSolver
+from ._linalg.linear_solver import (AbstractLinearSolver, factor, factored_is_singular,
+                                    factored_solve, iteration_matrix, masked_residual)
 from ._linalg.jacobian import SparsityDetectionError, structurally_algebraic
 from ._linalg.sparse import default_linear_solver
 from ._results import RESULTS, runtime_errors_raise, succeeded
@@ -147,10 +149,118 @@ def _core_inputs(inputs: Inputs) -> Inputs:
         saveat=_snap_saveat(sg(inputs.saveat), sg(inputs.t0), sg(inputs.t1)))
 
 
+def _with_batched_tangents(residual, batched):
+    """`residual` with its time and state inputs multiplied by an exact 1 that depends
+    on `batched` (a batched scalar that every outer derivative reaches): the same
+    values, and every tangent batched — the inner ones (the Jacobians') through the
+    product, the outer ones' (jacfwd or grad around the solve) through 0·d`batched`,
+    which JAX cannot drop as a symbolic zero."""
+    def F(t, y, yp, args):
+        one = 1.0 + 0.0 * jnp.where(jnp.isfinite(batched), batched, 0.0).astype(y.dtype)
+        return residual(t * one, y * one, yp * one, args)
+    return F
+
+
+def _rates_at_t0(config: Config, inputs: Inputs, yd):
+    """The dense output `yd` with y' and y'' of its rows at t0 made the solution's.
+
+    Rows at t0 are the initial values (y0, y'0) with y'' = 0 (the initial state's
+    polynomial is of degree 1), and along ker F_y' (the algebraic components) y'0 is not
+    determined by F = 0: `init="ya_ydp"` computes y_a and y'_d only (as IDAS does),
+    `init=None` and `init="y"` keep the caller's y'0. So y'_a there was an unused guess
+    (0 by default), reported in `sol.yps`, and the output-time derivatives
+    (`_shift_to_saveat`: d sol.ys/dt = y', d sol.yps/dt and d² sol.ys/dt² = y'') of a
+    row at t0 used it and y'' = 0 — and so did the derivatives with respect to t0.
+
+    The solution's values are those of the differentiated DAE (index 1: Brenan,
+    Campbell & Petzold, *Numerical Solution of Initial-Value Problems in
+    Differential-Algebraic Equations*, §2.5). Along the solution F_t + F_y y' + F_y' y''
+    = 0, and with F_y' Π = 0 the unknowns Π y' and (I − Π) y'' solve
+
+        C u = −(F_t + F_y (I − Π) y'),   C = F_y Π + F_y' (I − Π),
+
+    the consistency matrix of `init="ya_ydp"` (y'_a does not enter it: F_y' Π = 0);
+    differentiated once more (with ker F_y' constant, as for a mask), Π y'' and
+    (I − Π) y⁽³⁾ solve C w = −g⁽²⁾(0) for g(τ) = F(t0 + τ, y + τ y' + τ² (I − Π) y''/2,
+    y' + τ (I − Π) y''). One factorization of C (dense up to AUTO_SPLIT_MAX_N unknowns,
+    else the configured solver's) and two solves, differentiable, only when a row is at
+    t0.
+    Rows at other times come from the interpolating polynomial and are unchanged; so is
+    the integration."""
+    if config.index2 or isinstance(inputs.args, DelayArgs) or yd.shape[1] < 3:
+        return yd
+    sg = jax.lax.stop_gradient
+    # The rows are the core's, at the output times not differentiated through (their
+    # motion, and so t0's, is `_shift_to_saveat`'s): their time is t0's value.
+    n = yd.shape[-1]
+    # Up to AUTO_SPLIT_MAX_N unknowns C is formed and factored densely by plain JAX
+    # operations, differentiable to any order. Above, the configured solver's
+    # `custom_linear_solve`, whose JVP rule in jax 0.10 fails to trace some nested
+    # derivatives (`jax.hessian` with respect to t0: it binds a symbolic zero
+    # right-hand side in the transposed solve); used there only where a row is known to
+    # be at t0, so that a traced t0 or `saveat` compiles the program it did before.
+    if config.rows_at_t0 == 0 or (n > AUTO_SPLIT_MAX_N and config.rows_at_t0 < 2):
+        return yd
+    t0 = sg(inputs.t0)
+    at_t0 = _snap_saveat(sg(inputs.saveat), t0, sg(inputs.t1)) == t0
+    # The first row at t0 by a one-hot select (a gather at a batched index has no
+    # unambiguous sharding in an explicitly sharded vmap).
+    first = (at_t0 & (jnp.cumsum(at_t0) == 1))[:, None]
+    args = inputs.args
+    F = config.residual
+    if config.explicit_batch:
+        # Under a vmap over an explicitly sharded axis (outside the integrations'
+        # shard_map), a tangent that depends on no batched value is unsharded, and JAX
+        # cannot stack it with sharded ones in the residual (`jnp.stack` of its
+        # components: ShardingTypeError). Multiplying the residual's inputs by a batched
+        # exact 1 makes every tangent the Jacobians push through it batched.
+        F = _with_batched_tangents(F, yd[0, 0, 0])
+
+    def consistent(yd):
+        y = jnp.sum(jnp.where(first, yd[:, 0], 0), axis=0)
+        yp = jnp.sum(jnp.where(first, yd[:, 1], 0), axis=0)
+        split = split_at(config.auto_split, F, t0, y, yp, args, inputs.algebraic)
+        # C depends on y' only through F_y', which ker F_y' = range Π leaves out of
+        # reach of y'_a: the same matrix for both right-hand sides, factored once.
+        if n <= AUTO_SPLIT_MAX_N:
+            zero = jnp.zeros_like(y)
+            state = factor(iteration_matrix(masked_residual(F, y, yp, split), t0, zero,
+                                            zero, jnp.zeros((), y.dtype), args))
+            singular = factored_is_singular(state)
+
+            def solve_c(rhs):
+                return jax.vmap(lambda b: factored_solve(state, b))(rhs)
+        else:
+            solve_c, singular = consistency_factor(config.linear_solver, F, t0, y, yp,
+                                                   args, split)
+        yp_d = split.diff(yp)
+        _, r = jax.jvp(lambda t, y_: F(t, y_, yp, args), (t0, y), (jnp.ones_like(t0), yp_d))
+        u = solve_c(-jnp.asarray(r, yd.dtype)[None])
+        yp = yp_d + split.alg(u[0])
+        ypp_d = split.diff(u[0])
+
+        def g(tau):
+            return F(t0 + tau, y + tau * yp + 0.5 * tau**2 * ypp_d, yp + tau * ypp_d, args)
+
+        def dg(tau):
+            return jax.jvp(g, (tau,), (jnp.ones_like(tau),))[1]
+
+        tau = jnp.zeros_like(t0)
+        _, r2 = jax.jvp(dg, (tau,), (jnp.ones_like(tau),))
+        w = solve_c(-jnp.asarray(r2, yd.dtype)[None])
+        ypp = ypp_d + split.alg(w[0])
+        use = (at_t0 & ~singular & jnp.all(jnp.isfinite(yp))
+               & jnp.all(jnp.isfinite(ypp)))[:, None]
+        yd = yd.at[:, 1].set(jnp.where(use, yp, yd[:, 1]))
+        return yd.at[:, 2].set(jnp.where(use, ypp, yd[:, 2]))
+
+    return jax.lax.cond(unvmap_any(at_t0), consistent, lambda yd: yd, yd)
+
+
 def _solution(config: Config, inputs: Inputs, core):
     """(Solution, init_info) of a run's Core."""
-    ys, yps, qs = _shift_to_saveat(core.yd, core.qs, inputs.saveat, inputs.args,
-                                   config.quadrature)
+    ys, yps, qs = _shift_to_saveat(_rates_at_t0(config, inputs, core.yd), core.qs,
+                                   inputs.saveat, inputs.args, config.quadrature)
     stats = dict(core.stats)
     stats["t_final"] = core.t_final
     result = jax.tree_util.tree_map(jax.lax.stop_gradient, core.result)
@@ -264,6 +374,23 @@ def _structural_algebraic(residual, t0, y0, yp0, args, default):
     return jnp.asarray(mask) if mask.any() else default
 
 
+def _rows_at_t0(saveat, t0, t1) -> int:
+    """Whether an output row lies at t0 (`Config.rows_at_t0`): 0 when the output times
+    are known (not traced) and none can be at t0 after the working dtype's rounding and
+    `_snap_saveat` (a time is at t0 only if it is not above it, so a margin of 1e-5
+    relative, above float32's snapping, stays on the safe side); 2 when one is known to
+    be (within the same margin); 1 when anything is traced."""
+    s, a, b = (_concrete(x) for x in (t1 if saveat is None else saveat, t0, t1))
+    if s is None or a is None or b is None:
+        return 1
+    try:
+        s, a, b = (np.asarray(x, np.float64) for x in (s, a, b))
+    except (TypeError, ValueError):
+        return 1
+    margin = 1e-5 * np.maximum(np.abs(a), np.abs(s)) + np.finfo(np.float64).tiny
+    return 2 if (np.any(s <= a + margin) or np.any(b <= a + margin)) else 0
+
+
 def _configure(residual, t0, t1, y0, yp0, args, *, saveat, algebraic, index2, init, quadrature,
                rtol, atol, max_steps, sensitivity, forward_sensitivity, throw, tstop, breakpoints,
                suppress_algebraic_error, quad_rtol, quad_atol, quad_error_control, linear_solver, constraints, max_step,
@@ -278,6 +405,7 @@ def _configure(residual, t0, t1, y0, yp0, args, *, saveat, algebraic, index2, in
     # Without a mask the algebraic directions are found from F_y' where needed.
     auto_split = algebraic is None and np.shape(y0)[0] <= AUTO_SPLIT_MAX_N
     check_algebraic = algebraic is not None
+    rows_at_t0 = _rows_at_t0(saveat, t0, t1)
     t0, t1, y0, yp0, saveat, algebraic, rtol, atol, tstop = _check_inputs(
         residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quadrature, rtol, atol,
         tstop, max_steps)
@@ -332,7 +460,7 @@ def _configure(residual, t0, t1, y0, yp0, args, *, saveat, algebraic, index2, in
         quad_error_control=bool(quad_error_control), order=DENSE_ORDER, throw=bool(throw),
         max_order=int(max_order), event=event,
         progress=(100 if progress is True else int(progress)),
-        auto_split=auto_split, explicit_batch=_explicit_batch(),
+        auto_split=auto_split, explicit_batch=_explicit_batch(), rows_at_t0=rows_at_t0,
         dense=(2 if dense else (1 if steps else 0)), check_algebraic=check_algebraic,
         index2=() if index2_mask is None else tuple(int(i) for i in np.flatnonzero(index2_mask)))
     inputs = Inputs(t0=t0, t1=t1, y0=y0, yp0=yp0, args=args, saveat=saveat,

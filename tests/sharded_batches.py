@@ -48,13 +48,15 @@ def robertson(t, y, yp, k):
 
 
 def output(k, y10):
-    """y(t) at two times; y0 = (y10, 0, 1 − y10) made consistent by `init`."""
+    """y'(t0), then y(t) at t0 and two later times; y0 = (y10, 0, 1 − y10) made
+    consistent by `init`. (y'(t0) is the differentiated DAE's, solved outside the
+    integrations' shard_map; `jacfwd` differentiates it too.)"""
     # (Not jnp.stack([y10, 0.0, 1 - y10]): under an explicitly sharded vmap, JAX 0.10
     # cannot stack a batched value with an unbatched one — user code, outside the solver.)
     y0 = jnp.array([0.0, 0.0, 1.0]) + y10 * jnp.array([1.0, 0.0, -1.0])
-    sol = dae.solve(robertson, 0.0, 1.0, y0, args=k, saveat=jnp.array([0.5, 1.0]),
+    sol = dae.solve(robertson, 0.0, 1.0, y0, args=k, saveat=jnp.array([0.0, 0.5, 1.0]),
                     algebraic=ALGEBRAIC, init="ya_ydp", rtol=1e-6, atol=1e-9)
-    return sol.ys
+    return jnp.concatenate([sol.yps[:1], sol.ys])
 
 
 _COLLECTIVE = re.compile(r" (?:all-reduce|all-gather|collective-permute|all-to-all|"

@@ -220,6 +220,88 @@ def test_saveat_one_ulp_past_t1_is_t1():
     assert traced(jnp.array([0.5, 1.0 + 1e-12])).result == dae.RESULTS.invalid_saveat
 
 
+def _index1(t, y, yp, pq):
+    """x' = -p x + z, 0 = z - q x: x = x0 exp((q - p)(t - t0)), z = q x."""
+    return jnp.stack([yp[0] + pq[0] * y[0] - y[1], y[1] - pq[1] * y[0]])
+
+
+def _index1_t(t, y, yp, c):
+    """x' = -x + z, 0 = z - c cos(t) x: x = x0 exp(c (sin t - sin t0) - (t - t0))."""
+    return jnp.stack([yp[0] + y[0] - y[1], y[1] - c * jnp.cos(t) * y[0]])
+
+
+def test_rate_of_an_algebraic_component_at_t0():
+    """An output row at t0 reported y'_a(t0) as the unused guess in y'0 (0 here, and
+    init="ya_ydp" computes y_a and y'_d only, as in IDAS), exact z'(t0) = q (q - p) x0 =
+    -0.26, marked successful; the derivative of sol.ys at t0 with respect to that
+    output time (and so the one with respect to t0 too) used it: -0.195 instead of
+    -0.247 for 0.3 x + 0.2 z. Now the row's y' (and y'') is the solution's, from the
+    differentiated DAE (to the bound: the row at t0 is the initialization's, the
+    others the interpolant's)."""
+    rows = lambda s: dae.solve(_index1, 0.0, 1.0, jnp.array([1.3, 5.0]),  # noqa: E731
+                               args=jnp.array([0.9, 0.4]), saveat=s,
+                               algebraic=jnp.array([False, True]), rtol=RTOL, atol=RTOL)
+    s = jnp.array([0.0, 0.5, 1.0])
+    sol = rows(s)
+    x = 1.3 * np.exp(-0.5 * np.asarray(s))
+    rate = -0.5 * np.stack([x, 0.4 * x], axis=1)
+    np.testing.assert_allclose(np.asarray(sol.ys), np.stack([x, 0.4 * x], axis=1), rtol=BOUND)
+    np.testing.assert_allclose(np.asarray(sol.yps), rate, rtol=BOUND)
+    d_ys = jax.jacfwd(lambda s: rows(s).ys)(s)   # (row, component, time)
+    np.testing.assert_allclose(np.asarray(jnp.diagonal(d_ys, axis1=0, axis2=2)).T, rate,
+                               rtol=BOUND)
+    # d sol.yps/dt = y'': at t0 it was 0 (the initial state's polynomial is linear), now
+    # the DAE's, to the bound; elsewhere the interpolant's, to the 1e-3 of
+    # test_second_derivatives_with_respect_to_t1_and_saveat (it converges as h^(k-1)).
+    d_yps = np.asarray(jnp.diagonal(jax.jacfwd(lambda s: rows(s).yps)(s), axis1=0, axis2=2)).T
+    np.testing.assert_allclose(d_yps[0], -0.5 * rate[0], rtol=BOUND)
+    np.testing.assert_allclose(d_yps[1:], -0.5 * rate[1:], rtol=1e-3)
+
+
+def test_rates_at_t0_of_a_time_dependent_dae_move_with_t0():
+    """The rows at t0 of a time-dependent index-1 DAE (`_index1_t`), differentiated with
+    respect to t0, the output times (the first at t0), c and x0 by jacfwd: equal to
+    the derivatives of its exact solution (by JAX, of the closed form) to the bound,
+    z'(t0) included. y'_a(t0) from the differentiated DAE taken at a t0 moving with the
+    row gave d/dt0 -0.808 instead of -0.638 here: the rows are the solution at fixed
+    output times, whose motion enters apart."""
+    def loss(th, sol_or_exact):
+        c, x0, t0, t1 = th
+        s = jnp.stack([t0, 0.5 * (t0 + t1), t1])
+        ys, yps = sol_or_exact(c, x0, t0, t1, s)
+        return jnp.stack([ys[0, 1], ys[1, 1], ys[2, 0], yps[0, 1]])
+
+    def solved(c, x0, t0, t1, s):
+        sol = dae.solve(_index1_t, t0, t1, jnp.stack([x0, 0.0]), None, c, saveat=s,
+                        algebraic=jnp.array([False, True]), rtol=RTOL, atol=RTOL)
+        return sol.ys, sol.yps
+
+    def exact(c, x0, t0, t1, s):
+        def y(t):
+            x = x0 * jnp.exp(c * (jnp.sin(t) - jnp.sin(t0)) - (t - t0))
+            return jnp.stack([x, c * jnp.cos(t) * x])
+        return jax.vmap(y)(s), jax.vmap(jax.jacfwd(y))(s)
+
+    th = jnp.array([0.8, 1.3, 0.4, 1.9])
+    got = np.asarray(jax.jacfwd(loss)(th, solved))
+    want = np.asarray(jax.jacfwd(loss)(th, exact))
+    np.testing.assert_allclose(got, want, rtol=0, atol=BOUND * np.max(np.abs(want)))
+
+
+def test_hessian_with_respect_to_a_traced_t0():
+    """jax.hessian with respect to t0 (traced, so a row may be at t0 and its y' and y''
+    are computed) of z(t1) for `_index1`: exact q x0 (q - p)² e^((q - p)(t1 - t0)), to
+    the bound. (It failed to trace when those rows went through JAX's
+    custom_linear_solve, whose JVP rule bound a symbolic zero in the transposed solve.)"""
+    def z1(t0):
+        return dae.solve(_index1, t0, 1.0, jnp.array([1.3, 5.0]), args=jnp.array([0.9, 0.4]),
+                         algebraic=jnp.array([False, True]), rtol=RTOL, atol=RTOL).ys[-1, 1]
+
+    t0 = 0.3
+    want = 0.4 * 1.3 * 0.25 * np.exp(-0.5 * (1.0 - t0))
+    np.testing.assert_allclose(float(jax.jit(jax.hessian(z1))(t0)), want, rtol=BOUND)
+
+
 @pytest.mark.parametrize("name", ["y0", "t1"])
 def test_concrete_nonfinite_input_is_named_before_tracing(name):
     """A concrete NaN was reported as `nonfinite_input` '(checked at run time because
