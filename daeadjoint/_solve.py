@@ -190,8 +190,6 @@ def _rates_at_t0(config: Config, inputs: Inputs, yd):
     if config.index2 or isinstance(inputs.args, DelayArgs) or yd.shape[1] < 3:
         return yd
     sg = jax.lax.stop_gradient
-    # The rows are the core's, at the output times not differentiated through (their
-    # motion, and so t0's, is `_shift_to_saveat`'s): their time is t0's value.
     n = yd.shape[-1]
     # Up to AUTO_SPLIT_MAX_N unknowns C is formed and factored densely by plain JAX
     # operations, differentiable to any order. Above, the configured solver's
@@ -201,6 +199,8 @@ def _rates_at_t0(config: Config, inputs: Inputs, yd):
     # be at t0, so that a traced t0 or `saveat` compiles the program it did before.
     if config.rows_at_t0 == 0 or (n > AUTO_SPLIT_MAX_N and config.rows_at_t0 < 2):
         return yd
+    # The rows are the core's, at the output times not differentiated through (their
+    # motion, and so t0's, is `_shift_to_saveat`'s): their time is t0's value.
     t0 = sg(inputs.t0)
     at_t0 = _snap_saveat(sg(inputs.saveat), t0, sg(inputs.t1)) == t0
     # The first row at t0 by a one-hot select (a gather at a batched index has no
