@@ -26,8 +26,7 @@ from ._events import Event
 from ._jax_internals import batched_loops, explicit_batch_axis, is_batched, unvmap_any
 from ._index2 import check_index2_mask, index2_check, project
 from ._initialization import SUCCESS, InitMode, failure_messages, message_index
-from ._linalg.linear_solver import (AbstractLinearSolver, factor, factored_is_singular,
-                                    factored_solve, iteration_matrix, masked_residual)
+from ._linalg.linear_solver import AbstractLinearSolver, DenseLU, masked_residual
 from ._linalg.jacobian import SparsityDetectionError, structurally_algebraic
 from ._linalg.sparse import default_linear_solver
 from ._results import RESULTS, runtime_errors_raise, succeeded
@@ -223,13 +222,15 @@ def _rates_at_t0(config: Config, inputs: Inputs, yd):
         # C depends on y' only through F_y', which ker F_y' = range Π leaves out of
         # reach of y'_a: the same matrix for both right-hand sides, factored once.
         if n <= AUTO_SPLIT_MAX_N:
-            zero = jnp.zeros_like(y)
-            state = factor(iteration_matrix(masked_residual(F, y, yp, split), t0, zero,
-                                            zero, jnp.zeros((), y.dtype), args))
-            singular = factored_is_singular(state)
+            # DenseLU's setup and solve, not under stop_gradient (as the consistency
+            # solves' factorizations are): plain JAX operations, differentiated as such.
+            dense, zero = DenseLU(), jnp.zeros_like(y)
+            state = dense.setup(masked_residual(F, y, yp, split), t0, zero, zero,
+                                jnp.zeros((), y.dtype), args)
+            singular = dense.is_singular(state)
 
             def solve_c(rhs):
-                return jax.vmap(lambda b: factored_solve(state, b))(rhs)
+                return jax.vmap(lambda b: dense.solve(state, b)[0])(rhs)
         else:
             solve_c, singular = consistency_factor(config.linear_solver, F, t0, y, yp,
                                                    args, split)
