@@ -141,10 +141,13 @@ GRAD_RTOL = 1e-8
 
 
 @functools.cache
-def _rob_grad_and_solution(name, discrete=False):
+def _rob_grad_and_solution(name, discrete):
     """jit(grad) of y1(40) with the solution as auxiliary output and rtol traced: one
     compiled program gives the gradient at GRAD_RTOL and the forward solution at
-    ROB_RTOL (its primal solve: the same steps as a plain forward solve)."""
+    ROB_RTOL (its primal solve: the same steps as a plain forward solve). `discrete` has
+    no default: `functools.cache` keys `f(name)` and `f(name, False)` apart, and a
+    second key made a second jitted function, compiled again (DenseLU's and Krylov's
+    gradient programs were each compiled twice, by rob_forward and by rob_grad)."""
     sens = dae.DiscreteAdjoint() if discrete else REFERENCE if name == "dense" else None
 
     def y1(p, rtol):
@@ -158,7 +161,7 @@ def _rob_grad_and_solution(name, discrete=False):
 def rob_forward(name):
     if name == "krylov":    # its gradient runs with --runslow only: a forward program
         return jax.jit(lambda p: _rob(name, p))(ROBERTSON_P)
-    return _rob_grad_and_solution(name)(ROBERTSON_P, ROB_RTOL)[1]
+    return _rob_grad_and_solution(name, False)(ROBERTSON_P, ROB_RTOL)[1]
 
 
 @functools.cache

@@ -869,19 +869,25 @@ def _heat_1d(t, y, yp, p):
     return yp - p[0] * (up[:-2] - 2 * y + up[2:]) * (y.shape[0] + 1) ** 2 + p[1] * y**2
 
 
-# vmap(jacfwd) runs with --runslow (two of the four programs): by default the batched
-# Newton solves with the never-factorized member run in vmap(grad)'s forward pass here,
-# the band solve with such a member in
-# test_band_solve_with_a_member_never_factorized_leaves_the_others_alone, and
-# vmap(jacfwd) with a failed member in test_events.py::test_failed_batch_member_gets_nan_derivatives.
-@pytest.mark.parametrize("derivative", [pytest.param("jacfwd", marks=SLOW), "grad"])
+# vmap(jacfwd) and vmap(grad) run with --runslow (the default suite's budget: the two
+# gradient programs of [sparse-grad] were ~55 CPU s). By default the batched Newton
+# solves with the never-factorized member run in [sparse-solve] here (the same batched
+# forward integration as vmap(grad)'s forward pass, without its adjoint), the band
+# solve with such a member in
+# test_band_solve_with_a_member_never_factorized_leaves_the_others_alone, and vmap(grad)
+# and vmap(jacfwd) with a failed member (NaN derivatives for it, exact ones for the
+# others; DenseLU) in test_events.py::test_failed_batch_member_gets_nan_derivatives.
+@pytest.mark.parametrize("derivative", [pytest.param("jacfwd", marks=SLOW),
+                                        pytest.param("grad", marks=SLOW), "solve"])
 @pytest.mark.parametrize("solver", [pytest.param("banded", marks=SLOW), "sparse",
                                     pytest.param("klu", marks=[SLOW, KLU])])
 def test_vmap_with_a_nan_member_keeps_the_other_members_derivatives(solver, derivative):
-    """jit(vmap(jacfwd)) and jit(vmap(grad)) over a batch with a member whose parameter
+    """jit(vmap(jacfwd)), jit(vmap(grad)) and jit(vmap(solve)) (derivative "solve": the
+    solution itself) over a batch with a member whose parameter
     is NaN (its initialization fails: it never sets up J, its band factors stay the
     zeros the batched step loop starts from): every other member's derivatives are its
-    own unbatched ones, the NaN member's are NaN. The healthy members take the same
+    own unbatched ones, the NaN member's are NaN (its solution: inf, the rows never
+    reached). The healthy members take the same
     steps batched as alone, so they agree to rounding; 1e-9 relative is far above that
     (and far below the O(1) of a member contaminated by its neighbour: NaN, before
     the band solve checked its pivot indices)."""
@@ -902,14 +908,19 @@ def test_vmap_with_a_nan_member_keeps_the_other_members_derivatives(solver, deri
     # The unbatched reference gradient without the fallback branch (REFERENCE above: the
     # same continuous adjoint, a quarter less compilation; a failed backward integration
     # gives NaN here, throw=False, which fails the comparison).
+    mode = derivative
     derivative, reference = {
         "jacfwd": (jax.jacfwd(ys), jax.jacfwd(ys)),
-        "grad": (jax.grad(objective), jax.grad(lambda p: objective(p, REFERENCE)))}[derivative]
+        "grad": (jax.grad(objective), jax.grad(lambda p: objective(p, REFERENCE))),
+        "solve": (ys, ys)}[derivative]
     batched = np.asarray(jax.jit(jax.vmap(derivative))(batch))
     alone = jax.jit(reference)
     for i in np.flatnonzero(healthy):
         np.testing.assert_allclose(batched[i], alone(batch[i]), rtol=1e-9, atol=0)
-    assert np.all(np.isnan(batched[~healthy]))
+    # A failed member's derivatives are NaN; its solution's rows, never reached, are inf
+    # (`_core.run`'s docstring).
+    failed = np.isinf if mode == "solve" else np.isnan
+    assert np.all(failed(batched[~healthy]))
 
 
 def _gauss_jordan_argmax(a):

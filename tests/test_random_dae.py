@@ -243,12 +243,16 @@ def test_random_linear_index1_dae_jit(seed, theta, scalar_theta):
     check_problem(seed, theta, scalar_theta, "jit")
 
 
+# Both run with --runslow (the default suite's budget: eagerly the gradient compiles its
+# pieces one by one, four programs, ~40 CPU s against the jitted gradient's one). The
+# default suite covers jax.grad without an outer jit against the exact derivative in
+# test_user_inputs_and_messages.py::test_gradient_for_every_input_kind[eager-python-float]
+# and [eager-weak-jnp], and these random DAEs' checks (algebraic observations, the
+# adjoint's jumps, init="ya_ydp", exact solution and gradient, central differences)
+# through the same solver programs, jitted, in test_random_linear_index1_dae_jit.
 @pytest.mark.parametrize("scalar_theta", [
-    # eager with a Python-float θ runs with --runslow (the default suite's budget); the
-    # default suite covers that input kind eagerly in
-    # test_user_inputs_and_messages.py::test_gradient_for_every_input_kind[eager-python-float]
     pytest.param(True, id="python-float", marks=pytest.mark.slow),
-    pytest.param(False, id="array")])
+    pytest.param(False, id="array", marks=pytest.mark.slow)])
 def test_random_linear_index1_dae_eager(scalar_theta):
     """The same checks without an outer jax.jit (each call traces anew, so one problem)."""
     check_problem(20261122, 1.3, scalar_theta, "eager")
