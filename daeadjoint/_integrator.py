@@ -1068,7 +1068,13 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
             new["qsd"] = put(o.qsd, jnp.einsum("bj,jkn->bkn", w[:, 0], stacked(s.phiqs)))
         return dataclasses.replace(o, **new)
 
-    return jax.lax.while_loop(due, write_block, out)
+    # The loop behind a branch taken only when a row is due: as a bare loop, XLA peeled
+    # its first block out of it, so the interpolation weights and their products ran in
+    # every trip of `integrate`'s outer loop — which a kept trajectory (a stage append
+    # every ~20 steps) and the checkpoints make run far more often than output rows
+    # are due.
+    return jax.lax.cond(unvmap_any(due(out)), lambda: jax.lax.while_loop(due, write_block, out),
+                        lambda: out)
 
 
 def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps: int,
@@ -1166,8 +1172,8 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
             step_cond, step_body, (s, inner, ev, next_output(out), jnp.zeros((), bool)))
         it_inner, it_outer = iter(inner), iter(outer)
         # `flush`: the last step was accepted and a checkpoint is due after it (or a
-        # stage is full: `record` checks again whether it is due).
-        recs = tuple(next(it_outer).record(s, flush) if sp
+        # stage is full: `record_due` checks again whether it is due).
+        recs = tuple(_record_due(next(it_outer), s, flush) if sp
                      else r.append(next(it_inner)) if st else next(it_inner)
                      for r, sp, st in zip(recs, sparse, staged))
         # The rows due now all lie in the last step (the inner loop stops at the first
@@ -1182,6 +1188,15 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     state, outputs, recorders, events = jax.lax.while_loop(
         outer_cond, outer_body, (state, outputs, tuple(recorders), events))
     return state, dataclasses.replace(outputs, **empty), recorders, events
+
+
+def _record_due(r, s: State, passed):
+    """A sparse recorder's (a checkpoint's) record of the accepted step, as a branch taken
+    only where it is due. Written unconditionally, the record reads and writes back a row
+    of each of the state's ~25 fields (a select each): ~55 operations in every trip of
+    the outer loop, which a kept trajectory's stage appends make run every ~20 steps, on
+    XLA's thread-pool executor (the checkpoint buffers are past its sequential size)."""
+    return jax.lax.cond(unvmap_any(r.due(s, passed)), lambda: r.record(s, passed), lambda: r)
 
 
 def _search_events(problem: Problem, s: State, ev: EventState | None, passed):
@@ -1276,8 +1291,7 @@ def _integrate_flat(problem: Problem, state: State, outputs: Outputs, t_end, max
     def record(r, s, passed):
         if getattr(r, "per_step", True):
             return r.record(s, passed)
-        due = r.due(s, passed)
-        return jax.lax.cond(unvmap_any(due), lambda: r.record(s, passed), lambda: r)
+        return _record_due(r, s, passed)
 
     def body(carry):
         s_old, out, recs, ev, pending_old = carry
