@@ -57,6 +57,39 @@ STAT_NAMES = (
 )
 
 
+class Counters(eqx.Module):
+    """The integration's counters (`STAT_NAMES`, the linear solver's), one int32 each,
+    held as one vector: read one by name (`counters["num_steps"]`), add to several at
+    once (`add`). As separate scalars in the step loop's carry, each counter was an
+    addition, a select and a copy XLA makes at the loop boundary (the old value is read
+    after the new one is written): ~20 of a Robertson attempt's ~70 operations, each
+    dispatched separately by XLA's CPU runtime. A vector is one of each."""
+
+    values: Int[Array, " m"]
+    names: tuple = eqx.field(static=True)
+
+    @classmethod
+    def zeros(cls, names: tuple) -> "Counters":
+        return cls(values=jnp.zeros((len(names),), jnp.int32), names=tuple(names))
+
+    def __getitem__(self, name: str) -> Int[Array, ""]:
+        return jax.lax.index_in_dim(self.values, self.names.index(name), axis=-1,
+                                    keepdims=False)
+
+    def items(self):
+        return ((name, self[name]) for name in self.names)
+
+    def add(self, increments: dict) -> "Counters":
+        """The counters plus `increments` (name: int32 scalar; the others unchanged)."""
+        unknown = set(increments) - set(self.names)
+        if unknown:
+            raise KeyError(f"no counters named {sorted(unknown)}")
+        zero = jnp.zeros((), jnp.int32)
+        step = jnp.stack([jnp.asarray(increments.get(name, zero), jnp.int32)
+                          for name in self.names])
+        return Counters(values=self.values + step, names=self.names)
+
+
 class Problem(eqx.Module):
     """Everything fixed during one integration (closed over by the loop, not carried)."""
 
@@ -162,7 +195,7 @@ class State(eqx.Module):
     # (norm, h, t_n, k) of the last attempt that failed the error test on the algebraic
     # sensitivities alone (zeros before any), or None: see `sensitivity_jump`.
     sens_jump: Float[Array, "4"] | None
-    stats: dict
+    stats: Counters
     result: Any
 
     @property
@@ -329,8 +362,7 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
     names = STAT_NAMES + problem.linear_solver.stat_names
     if k:
         names = names + ("num_sensitivity_residual_evals",)
-    stats = {name: izero for name in names}
-    stats["num_quadrature_evals"] = jnp.asarray(int(nq > 0), jnp.int32)
+    stats = Counters.zeros(names).add({"num_quadrature_evals": jnp.asarray(int(nq > 0), jnp.int32)})
     return State(
         t=jnp.asarray(t0, dtype), h=h0, h_used=jnp.zeros((), dtype), k=izero + 1,
         k_used=izero, ns=izero, phase=izero, phi=phi, phiq=phiq, phis=phis, phiqs=phiqs,
@@ -758,24 +790,20 @@ def handle_failure(problem: Problem, s: State, corrector: Corrector, test: Error
 
 
 def updated_stats(problem: Problem, s: State, newton: NewtonResult, linear_stats: dict,
-          sens_residual_evals, passed, failure: Failure) -> dict:
+                  sens_residual_evals, passed, failure: Failure) -> Counters:
     """The statistics after an attempt (IDAS's counters, and the linear solver's)."""
-    stats = dict(s.stats)
-    stats["num_residual_evals"] = stats["num_residual_evals"] + newton.num_residual_evals
-    stats["num_jacobian_evals"] = stats["num_jacobian_evals"] + newton.num_jacobian_evals
-    stats["num_nonlinear_iters"] = stats["num_nonlinear_iters"] + newton.num_iters
-    for name, value in linear_stats.items():
-        stats[name] = stats[name] + value
+    inc = dict(linear_stats)
+    inc.update(num_residual_evals=newton.num_residual_evals,
+               num_jacobian_evals=newton.num_jacobian_evals,
+               num_nonlinear_iters=newton.num_iters,
+               num_steps=passed.astype(jnp.int32),
+               num_error_test_failures=failure.error_fail,
+               num_nonlinear_convergence_failures=failure.conv_fail)
     if s.phiq.shape[1] > 0:
-        stats["num_quadrature_evals"] = stats["num_quadrature_evals"] + 1
+        inc["num_quadrature_evals"] = jnp.ones((), jnp.int32)
     if sens_residual_evals is not None:
-        stats["num_sensitivity_residual_evals"] = (stats["num_sensitivity_residual_evals"]
-                                                   + sens_residual_evals)
-    stats["num_steps"] = where(passed, s.stats["num_steps"] + 1, s.stats["num_steps"])
-    stats["num_error_test_failures"] = stats["num_error_test_failures"] + failure.error_fail
-    stats["num_nonlinear_convergence_failures"] = (stats["num_nonlinear_convergence_failures"]
-                                                   + failure.conv_fail)
-    return stats
+        inc["num_sensitivity_residual_evals"] = sens_residual_evals
+    return s.stats.add(inc)
 
 
 def status(problem: Problem, s: State, corrector: Corrector, failure: Failure, passed, npress,
