@@ -58,36 +58,43 @@ STAT_NAMES = (
 
 
 class Counters(eqx.Module):
-    """The integration's counters (`STAT_NAMES`, the linear solver's), one int32 each,
-    held as one vector: read one by name (`counters["num_steps"]`), add to several at
-    once (`add`). As separate scalars in the step loop's carry, each counter was an
-    addition, a select and a copy XLA makes at the loop boundary (the old value is read
-    after the new one is written): ~20 of a Robertson attempt's ~70 operations, each
-    dispatched separately by XLA's CPU runtime. A vector is one of each."""
+    """The integration's counters (`STAT_NAMES`, the linear solver's), one int32 each:
+    `num_steps` on its own (the loops' conditions read it every trip), the others as one
+    vector; read one by name (`counters["num_steps"]`), add to several at once (`add`).
+    As separate scalars in the step loop's carry, each counter was an addition, a select
+    and a copy XLA makes at the loop boundary (the old value is read after the new one
+    is written): ~20 of a Robertson attempt's ~70 operations, each dispatched separately
+    by XLA's CPU runtime. The vector is one of each."""
 
+    num_steps: Int[Array, ""]
     values: Int[Array, " m"]
-    names: tuple = eqx.field(static=True)
+    names: tuple = eqx.field(static=True)      # of `values`
 
     @classmethod
     def zeros(cls, names: tuple) -> "Counters":
-        return cls(values=jnp.zeros((len(names),), jnp.int32), names=tuple(names))
+        others = tuple(name for name in names if name != "num_steps")
+        return cls(num_steps=jnp.zeros((), jnp.int32),
+                   values=jnp.zeros((len(others),), jnp.int32), names=others)
 
     def __getitem__(self, name: str) -> Int[Array, ""]:
+        if name == "num_steps":
+            return self.num_steps
         return jax.lax.index_in_dim(self.values, self.names.index(name), axis=-1,
                                     keepdims=False)
 
     def items(self):
-        return ((name, self[name]) for name in self.names)
+        return ((name, self[name]) for name in ("num_steps",) + self.names)
 
     def add(self, increments: dict) -> "Counters":
         """The counters plus `increments` (name: int32 scalar; the others unchanged)."""
-        unknown = set(increments) - set(self.names)
+        unknown = set(increments) - set(self.names) - {"num_steps"}
         if unknown:
             raise KeyError(f"no counters named {sorted(unknown)}")
         zero = jnp.zeros((), jnp.int32)
         step = jnp.stack([jnp.asarray(increments.get(name, zero), jnp.int32)
                           for name in self.names])
-        return Counters(values=self.values + step, names=self.names)
+        num_steps = self.num_steps + jnp.asarray(increments.get("num_steps", zero), jnp.int32)
+        return Counters(num_steps=num_steps, values=self.values + step, names=self.names)
 
 
 class Problem(eqx.Module):
