@@ -57,6 +57,46 @@ STAT_NAMES = (
 )
 
 
+class Counters(eqx.Module):
+    """The integration's counters (`STAT_NAMES`, the linear solver's), one int32 each:
+    `num_steps` on its own (the loops' conditions read it every trip), the others as one
+    vector; read one by name (`counters["num_steps"]`), add to several at once (`add`).
+    As separate scalars in the step loop's carry, each counter was an addition, a select
+    and a copy XLA makes at the loop boundary (the old value is read after the new one
+    is written): ~20 of a Robertson attempt's ~70 operations, each dispatched separately
+    by XLA's CPU runtime. The vector is one of each."""
+
+    num_steps: Int[Array, ""]
+    values: Int[Array, " m"]
+    names: tuple = eqx.field(static=True)      # of `values`
+
+    @classmethod
+    def zeros(cls, names: tuple) -> "Counters":
+        others = tuple(name for name in names if name != "num_steps")
+        return cls(num_steps=jnp.zeros((), jnp.int32),
+                   values=jnp.zeros((len(others),), jnp.int32), names=others)
+
+    def __getitem__(self, name: str) -> Int[Array, ""]:
+        if name == "num_steps":
+            return self.num_steps
+        return jax.lax.index_in_dim(self.values, self.names.index(name), axis=-1,
+                                    keepdims=False)
+
+    def items(self):
+        return ((name, self[name]) for name in ("num_steps",) + self.names)
+
+    def add(self, increments: dict) -> "Counters":
+        """The counters plus `increments` (name: int32 scalar; the others unchanged)."""
+        unknown = set(increments) - set(self.names) - {"num_steps"}
+        if unknown:
+            raise KeyError(f"no counters named {sorted(unknown)}")
+        zero = jnp.zeros((), jnp.int32)
+        step = jnp.stack([jnp.asarray(increments.get(name, zero), jnp.int32)
+                          for name in self.names])
+        num_steps = self.num_steps + jnp.asarray(increments.get("num_steps", zero), jnp.int32)
+        return Counters(num_steps=num_steps, values=self.values + step, names=self.names)
+
+
 class Problem(eqx.Module):
     """Everything fixed during one integration (closed over by the loop, not carried)."""
 
@@ -162,7 +202,7 @@ class State(eqx.Module):
     # (norm, h, t_n, k) of the last attempt that failed the error test on the algebraic
     # sensitivities alone (zeros before any), or None: see `sensitivity_jump`.
     sens_jump: Float[Array, "4"] | None
-    stats: dict
+    stats: Counters
     result: Any
 
     @property
@@ -329,8 +369,7 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
     names = STAT_NAMES + problem.linear_solver.stat_names
     if k:
         names = names + ("num_sensitivity_residual_evals",)
-    stats = {name: izero for name in names}
-    stats["num_quadrature_evals"] = jnp.asarray(int(nq > 0), jnp.int32)
+    stats = Counters.zeros(names).add({"num_quadrature_evals": jnp.asarray(int(nq > 0), jnp.int32)})
     return State(
         t=jnp.asarray(t0, dtype), h=h0, h_used=jnp.zeros((), dtype), k=izero + 1,
         k_used=izero, ns=izero, phase=izero, phi=phi, phiq=phiq, phis=phis, phiqs=phiqs,
@@ -758,24 +797,20 @@ def handle_failure(problem: Problem, s: State, corrector: Corrector, test: Error
 
 
 def updated_stats(problem: Problem, s: State, newton: NewtonResult, linear_stats: dict,
-          sens_residual_evals, passed, failure: Failure) -> dict:
+                  sens_residual_evals, passed, failure: Failure) -> Counters:
     """The statistics after an attempt (IDAS's counters, and the linear solver's)."""
-    stats = dict(s.stats)
-    stats["num_residual_evals"] = stats["num_residual_evals"] + newton.num_residual_evals
-    stats["num_jacobian_evals"] = stats["num_jacobian_evals"] + newton.num_jacobian_evals
-    stats["num_nonlinear_iters"] = stats["num_nonlinear_iters"] + newton.num_iters
-    for name, value in linear_stats.items():
-        stats[name] = stats[name] + value
+    inc = dict(linear_stats)
+    inc.update(num_residual_evals=newton.num_residual_evals,
+               num_jacobian_evals=newton.num_jacobian_evals,
+               num_nonlinear_iters=newton.num_iters,
+               num_steps=passed.astype(jnp.int32),
+               num_error_test_failures=failure.error_fail,
+               num_nonlinear_convergence_failures=failure.conv_fail)
     if s.phiq.shape[1] > 0:
-        stats["num_quadrature_evals"] = stats["num_quadrature_evals"] + 1
+        inc["num_quadrature_evals"] = jnp.ones((), jnp.int32)
     if sens_residual_evals is not None:
-        stats["num_sensitivity_residual_evals"] = (stats["num_sensitivity_residual_evals"]
-                                                   + sens_residual_evals)
-    stats["num_steps"] = where(passed, s.stats["num_steps"] + 1, s.stats["num_steps"])
-    stats["num_error_test_failures"] = stats["num_error_test_failures"] + failure.error_fail
-    stats["num_nonlinear_convergence_failures"] = (stats["num_nonlinear_convergence_failures"]
-                                                   + failure.conv_fail)
-    return stats
+        inc["num_sensitivity_residual_evals"] = sens_residual_evals
+    return s.stats.add(inc)
 
 
 def status(problem: Problem, s: State, corrector: Corrector, failure: Failure, passed, npress,
@@ -1068,7 +1103,13 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
             new["qsd"] = put(o.qsd, jnp.einsum("bj,jkn->bkn", w[:, 0], stacked(s.phiqs)))
         return dataclasses.replace(o, **new)
 
-    return jax.lax.while_loop(due, write_block, out)
+    # The loop behind a branch taken only when a row is due: as a bare loop, XLA peeled
+    # its first block out of it, so the interpolation weights and their products ran in
+    # every trip of `integrate`'s outer loop — which a kept trajectory (a stage append
+    # every ~20 steps) and the checkpoints make run far more often than output rows
+    # are due.
+    return jax.lax.cond(unvmap_any(due(out)), lambda: jax.lax.while_loop(due, write_block, out),
+                        lambda: out)
 
 
 def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps: int,
@@ -1166,8 +1207,8 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
             step_cond, step_body, (s, inner, ev, next_output(out), jnp.zeros((), bool)))
         it_inner, it_outer = iter(inner), iter(outer)
         # `flush`: the last step was accepted and a checkpoint is due after it (or a
-        # stage is full: `record` checks again whether it is due).
-        recs = tuple(next(it_outer).record(s, flush) if sp
+        # stage is full: `record_due` checks again whether it is due).
+        recs = tuple(_record_due(next(it_outer), s, flush) if sp
                      else r.append(next(it_inner)) if st else next(it_inner)
                      for r, sp, st in zip(recs, sparse, staged))
         # The rows due now all lie in the last step (the inner loop stops at the first
@@ -1182,6 +1223,15 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     state, outputs, recorders, events = jax.lax.while_loop(
         outer_cond, outer_body, (state, outputs, tuple(recorders), events))
     return state, dataclasses.replace(outputs, **empty), recorders, events
+
+
+def _record_due(r, s: State, passed):
+    """A sparse recorder's (a checkpoint's) record of the accepted step, as a branch taken
+    only where it is due. Written unconditionally, the record reads and writes back a row
+    of each of the state's ~25 fields (a select each): ~55 operations in every trip of
+    the outer loop, which a kept trajectory's stage appends make run every ~20 steps, on
+    XLA's thread-pool executor (the checkpoint buffers are past its sequential size)."""
+    return jax.lax.cond(unvmap_any(r.due(s, passed)), lambda: r.record(s, passed), lambda: r)
 
 
 def _search_events(problem: Problem, s: State, ev: EventState | None, passed):
@@ -1276,8 +1326,7 @@ def _integrate_flat(problem: Problem, state: State, outputs: Outputs, t_end, max
     def record(r, s, passed):
         if getattr(r, "per_step", True):
             return r.record(s, passed)
-        due = r.due(s, passed)
-        return jax.lax.cond(unvmap_any(due), lambda: r.record(s, passed), lambda: r)
+        return _record_due(r, s, passed)
 
     def body(carry):
         s_old, out, recs, ev, pending_old = carry
