@@ -31,6 +31,7 @@ functions keep reusing their compiled solve.
 """
 
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -232,3 +233,89 @@ class _SolveWithLifted(eqx.Module):
         user_state, lifted = state
         i = 1 if transpose else 0
         return self.solves[i].call([user_state, r], lifted[i])
+
+
+# --------------------------------------------------------------- one trace per signature
+# fn ↦ {(input structure, avals of the traced inputs, static inputs): ClosedJaxpr or
+# None (not reusable)}. Weak: an entry lives as long as the user's function.
+_JAXPRS: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
+
+
+class TracedOnce(eqx.Module):
+    """A user function (the residual, the quadrature) traced once per signature.
+
+    The solver evaluates the residual at many places of one program — at t0, in the
+    Newton iteration, under `jax.jacfwd` for the iteration matrix, in the replays and
+    adjoint steps of the backward pass — each time with inputs of the same shapes and
+    dtypes. Each evaluation used to run the user's Python again (its tracing time, once
+    per place: for a large model the most of the solve's tracing). Here the first call
+    with a signature records the function's jaxpr (`jax.make_jaxpr`) and every call
+    evaluates it (`jax.core.eval_jaxpr`): the same primitives bound in the same order
+    with the same constants, under whatever transformation is active (JVP, vmap, the
+    enclosing trace), so the program computes the same values as before.
+
+    The signature is the pytree structure of the inputs, the abstract value (shape,
+    dtype, weak type) of each traced leaf (a JAX tracer), and every other leaf as it is
+    (a Python number, None): those the function sees as constants, as before. A call
+    with any other leaf (a concrete or NumPy array, an unhashable object) runs the
+    function itself. Only plain Python functions are cached: they close over no tracer
+    here (`lift_closures` has made those `Lifted`), so their jaxprs hold constants only
+    and are valid in every trace. Equality and hashing are the function's, so that the
+    compiled solve is reused for the same function as before."""
+
+    fn: Callable
+
+    def __call__(self, *xs):
+        leaves, treedef = jax.tree_util.tree_flatten(xs)
+        key = []
+        for x in leaves:
+            if isinstance(x, jax.core.Tracer):
+                key.append(jax.typeof(x))
+            elif x is None or type(x) in (bool, int, float):
+                key.append((type(x), x))
+            else:
+                return self.fn(*xs)
+        key = (treedef, tuple(key))
+        try:
+            table = _JAXPRS.setdefault(self.fn, {})
+        except TypeError:   # not weakly referenceable
+            return self.fn(*xs)
+        if key not in table:
+            table[key] = _record(self.fn, treedef, leaves)
+        entry = table[key]
+        if entry is None:
+            return self.fn(*xs)
+        closed, out_tree = entry
+        dynamic = [x for x in leaves if isinstance(x, jax.core.Tracer)]
+        out = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *dynamic)
+        return jax.tree_util.tree_unflatten(out_tree, out)
+
+
+def _record(fn, treedef, leaves):
+    """(ClosedJaxpr of fn at these inputs, output structure), or None when the jaxpr
+    cannot stand in for fn: its inputs traced to other abstract values, a constant
+    that is a tracer, or an output that is not an array. fn's own errors propagate, as
+    from a direct call with these tracers."""
+    traced = [isinstance(x, jax.core.Tracer) for x in leaves]
+    avals = [jax.typeof(x) for x, tr in zip(leaves, traced) if tr]
+
+    def flat_fn(*dyn):
+        it = iter(dyn)
+        full = [next(it) if tr else x for x, tr in zip(leaves, traced)]
+        return fn(*jax.tree_util.tree_unflatten(treedef, full))
+
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*structs)
+    out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
+    if (list(closed.in_avals) != avals
+            or any(isinstance(c, jax.core.Tracer) for c in closed.consts)
+            or not all(isinstance(o, jax.ShapeDtypeStruct) for o in out_leaves)):
+        return None
+    return closed, out_tree
+
+
+def traced_once(fn):
+    """fn as a `TracedOnce` if it is a plain Python function; otherwise fn itself."""
+    if isinstance(fn, types.FunctionType):
+        return TracedOnce(fn)
+    return fn

@@ -275,23 +275,43 @@ def inconsistent_start(config: Config, inputs: Inputs, y0, yp0, f0=None) -> Bool
 
 
 def _dense_correction(residual, t, y, yp, args, split, f):
-    """(C⁻¹f, whether C is singular) for a dense consistency matrix C of `split`, by a
-    QR factorization of the row-equilibrated C (LAPACK through `jnp.linalg.qr`: a few
-    library calls in the compiled program, no pivoting loop) and the singularity test
-    of `factored_is_singular` on R's diagonal. For the diagnosis only (a yes/no at a
-    threshold, never differentiated): the configured solver's factorization
-    (`DenseLU`'s Gauss–Jordan inverse, unrolled over the columns for small n) would
-    compile a second copy of the Newton iteration's inverse into every forward
-    program."""
+    """(C⁻¹f, whether C is singular) for a dense consistency matrix C of `split`: the
+    row-equilibrated C and f eliminated by Gauss–Jordan with partial pivoting — the
+    pivots and the singularity test (`factored_is_singular`) of `DenseLU`'s `factor` —
+    in a loop over the columns (`lax.fori_loop`: one copy of the elimination step in the
+    program, where `factor`'s unrolled inverse would compile a second copy of the Newton
+    iteration's inverse into every forward program). For the diagnosis only (a yes/no
+    at a threshold, never differentiated, run only when the first step failed); plain
+    JAX operations, so that lowering the forward program calls no LAPACK (jaxlib loads
+    scipy's LAPACK the first time a program needs it, ~0.15 s of every fresh process)."""
     fn = masked_residual(residual, y, yp, split)
     C = jax.jacfwd(lambda v: fn(t, v, None, args))(jnp.zeros_like(y))
+    n = C.shape[0]
     rownorm = jnp.max(jnp.abs(C), axis=1)
     d = 1.0 / where(rownorm > 0, rownorm, 1.0)
-    q, r = jnp.linalg.qr(C * d[:, None])
-    singular = factored_is_singular((None, jnp.diagonal(r)))
-    u = jax.lax.linalg.triangular_solve(r, (q.T @ (d * f))[:, None], left_side=True,
-                                        lower=False)[:, 0]
-    return u, singular
+    # [D C | D f]: each column step makes column j a unit vector and carries out the
+    # same row operations on D f, which ends as C⁻¹ f.
+    m = jax.lax.concatenate([C * d[:, None], (d * f)[:, None]], 1)
+    rows = jax.lax.broadcasted_iota(jnp.int32, (n,), 0)
+
+    def column(j, carry):
+        m, pivots = carry
+        col = jnp.abs(jax.lax.dynamic_index_in_dim(m, j, 1, keepdims=False))
+        # p = argmax_{i ≥ j} |m_ij|: the first of equals, a NaN the largest (as
+        # `factor`'s pivot search); rows above j are out of the running.
+        p = jnp.argmax(where(rows >= j, col, -1.0)).astype(jnp.int32)
+        rp = jax.lax.dynamic_index_in_dim(m, p, 0, keepdims=False)
+        rj = jax.lax.dynamic_index_in_dim(m, j, 0, keepdims=False)
+        piv = jax.lax.dynamic_index_in_dim(rp, j, 0, keepdims=False)
+        at = rows[:, None]
+        m = where(at == j, rp / piv, where(at == p, rj, m))
+        mj = jax.lax.dynamic_index_in_dim(m, j, 1, keepdims=False)
+        mrow = jax.lax.dynamic_index_in_dim(m, j, 0, keepdims=False)
+        m = m - where(rows == j, 0.0, mj)[:, None] * mrow[None, :]
+        return m, jax.lax.dynamic_update_index_in_dim(pivots, piv, j, 0)
+
+    m, pivots = jax.lax.fori_loop(0, n, column, (m, jnp.zeros((n,), C.dtype)))
+    return m[:, n], factored_is_singular((None, pivots))
 
 
 # A step size underflow (t + h == t) within this fraction of |t| from t0 is blamed on the
