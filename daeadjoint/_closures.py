@@ -254,6 +254,7 @@ class TracedOnce(eqx.Module):
     with the same constants, under whatever transformation is active (JVP, vmap, the
     enclosing trace), so the program computes the same values as before.
 
+    Not under a mesh (`jax.set_mesh`, `shard_map`): there the function runs at each use.
     The signature is the pytree structure of the inputs, the abstract value (shape,
     dtype, weak type) of each traced leaf (a JAX tracer), and every other leaf as it is
     (a Python number, None): those the function sees as constants, as before. A call
@@ -266,6 +267,14 @@ class TracedOnce(eqx.Module):
     fn: Callable
 
     def __call__(self, *xs):
+        if not jax.sharding.get_abstract_mesh().empty:
+            # Under a mesh (`jax.set_mesh`, inside `shard_map`) the jaxpr would carry the
+            # shardings of the trace it was recorded in: replayed in another one (a
+            # recording outside the solver's per-device `shard_map`, used inside it) its
+            # values came out sharded on the batch axis inside the map, which JAX
+            # rejects ("Closing over inputs to shard_map where the input is sharded on
+            # `Explicit` axes"). There the function is run at each use, as before.
+            return self.fn(*xs)
         leaves, treedef = jax.tree_util.tree_flatten(xs)
         key = []
         for x in leaves:
