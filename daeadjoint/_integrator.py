@@ -61,10 +61,12 @@ class Counters(eqx.Module):
     """The integration's counters (`STAT_NAMES`, the linear solver's), one int32 each:
     `num_steps` on its own (the loops' conditions read it every trip), the others as one
     vector; read one by name (`counters["num_steps"]`), add to several at once (`add`).
-    As separate scalars in the step loop's carry, each counter was an addition, a select
-    and a copy XLA makes at the loop boundary (the old value is read after the new one
-    is written): ~20 of a Robertson attempt's ~70 operations, each dispatched separately
-    by XLA's CPU runtime. The vector is one of each."""
+    As separate scalars in the step loop's carry, the counters' additions, selects and
+    the copies XLA makes at the loop boundary (where an old value is read after the new
+    one is written) were operations of their own, each dispatched separately by XLA's
+    CPU runtime; as one vector they are one of each (Robertson's forward step loop 68 ->
+    64 operations an attempt; a batched trip unchanged, which `num_steps` inside the
+    vector made 2 operations longer)."""
 
     num_steps: Int[Array, ""]
     values: Int[Array, " m"]
