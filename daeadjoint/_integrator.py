@@ -19,6 +19,7 @@ The carried state has a fixed shape, so the whole solve is one compiled loop tha
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -37,7 +38,7 @@ from ._derivatives.forward_sensitivity import (SensitivityProblem, quadrature_se
                                                sensitivity_corrector)
 from ._initialization import violated
 from ._jax_internals import is_batched, unvmap_any, unvmap_max
-from ._ops import row, where
+from ._ops import packed_cond, packed_while_loop, row, where
 from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR, NewtonResult,
                       _builds_from_residual, idle_iteration, maybe_update, newton_solve, setup_linear,
                       tree_where)
@@ -1071,15 +1072,17 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
     if n_save == 0:
         return out
     order = out.yd.shape[1] - 1
-    limit = s.t
-    if t_limit is not None:
-        limit = jnp.minimum(limit, t_limit)
     block = min(OUTPUT_BLOCK, n_save)
 
-    def due(o):
+    def loop(s):
+        """The block loop's (condition, body) for the state s."""
+        limit = s.t if t_limit is None else jnp.minimum(s.t, t_limit)
+        return functools.partial(due, limit), functools.partial(write_block, s, limit)
+
+    def due(limit, o):
         return passed & (o.index < n_save) & (row(o.ts, o.index) <= limit)
 
-    def write_block(o):
+    def write_block(s, limit, o):
         # Rows index … index + block − 1, clipped to the buffer: the slice start is
         # shifted back at the end (rows before `index` are then rewritten unchanged).
         start = jnp.clip(o.index, 0, n_save - block)
@@ -1110,8 +1113,12 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
     # every trip of `integrate`'s outer loop — which a kept trajectory (a stage append
     # every ~20 steps) and the checkpoints make run far more often than output rows
     # are due.
-    return jax.lax.cond(unvmap_any(due(out)), lambda: jax.lax.while_loop(due, write_block, out),
-                        lambda: out)
+    # The state goes into the branch packed (`packed_cond`), as `integrate`'s loops carry it.
+    def written(s_):
+        cond, body = loop(s_)
+        return jax.lax.while_loop(cond, body, out)
+
+    return packed_cond(unvmap_any(loop(s)[0](out)), written, lambda s_: out, s)
 
 
 def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps: int,
@@ -1205,8 +1212,8 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
         inner = tuple(r.new_stage() if st else r
                       for r, sp, st in zip(recs, sparse, staged) if not sp)
         outer = [r for r, sp in zip(recs, sparse) if sp]
-        s, inner, ev, _, flush = jax.lax.while_loop(
-            step_cond, step_body, (s, inner, ev, next_output(out), jnp.zeros((), bool)))
+        s, inner, ev, _, flush = packed_while_loop(
+            step_cond, step_body, (s, inner, ev, next_output(out), jnp.zeros((), bool)), part=0)
         it_inner, it_outer = iter(inner), iter(outer)
         # `flush`: the last step was accepted and a checkpoint is due after it (or a
         # stage is full: `record_due` checks again whether it is due).
@@ -1222,8 +1229,8 @@ def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps
     # Empty output arrays (no quadratures / sensitivities) stay out of the loop carry.
     empty = {f: getattr(outputs, f) for f in ("qs", "sd", "qsd") if getattr(outputs, f).size == 0}
     outputs = dataclasses.replace(outputs, **{f: None for f in empty})
-    state, outputs, recorders, events = jax.lax.while_loop(
-        outer_cond, outer_body, (state, outputs, tuple(recorders), events))
+    state, outputs, recorders, events = packed_while_loop(
+        outer_cond, outer_body, (state, outputs, tuple(recorders), events), part=0)
     return state, dataclasses.replace(outputs, **empty), recorders, events
 
 
@@ -1233,7 +1240,8 @@ def _record_due(r, s: State, passed):
     of each of the state's ~25 fields (a select each): ~55 operations in every trip of
     the outer loop, which a kept trajectory's stage appends make run every ~20 steps, on
     XLA's thread-pool executor (the checkpoint buffers are past its sequential size)."""
-    return jax.lax.cond(unvmap_any(r.due(s, passed)), lambda: r.record(s, passed), lambda: r)
+    return packed_cond(unvmap_any(r.due(s, passed)), lambda s_: r.record(s_, passed),
+                       lambda s_: r, s)
 
 
 def _search_events(problem: Problem, s: State, ev: EventState | None, passed):

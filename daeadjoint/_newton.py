@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from ._bdf import wrms
 from ._jax_internals import unvmap_any
-from ._ops import tree_where, where
+from ._ops import packed_while_loop, tree_where, where
 
 EPS_NEWT = 0.33           # IDAS epcon: Newton tolerance relative to the error test
 TOLDEL = 1e-4 * EPS_NEWT  # IDAS toldel
@@ -306,7 +306,7 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         init = init._replace(**{f: tree_where(go_on, getattr(resume, f), getattr(init, f))
                                 for f in _Iteration._fields if f not in ("lin", "jac_point")})
     if iterations is None:
-        out = jax.lax.while_loop(cond, body, init)
+        out = packed_while_loop(cond, body, init)
     else:
         # Every member starts running (status 0: a fresh start or a resumed one), so
         # the first iteration needs no select; later ones keep the finished members —

@@ -93,3 +93,84 @@ def row(x, i):
     `dynamic_slice` (which clamps its start to fit; JAX's wraps a negative one, hence
     the max)."""
     return lax.dynamic_index_in_dim(x, lax.max(i, np.zeros((), i.dtype)), 0, keepdims=False)
+
+
+def _pack_key(x):
+    """The group a scalar leaf is packed in: its dtype and weak type (a slice of the
+    packed vector must have the leaf's exact type for the loop's carry to match)."""
+    return (jnp.result_type(x), bool(getattr(x, "weak_type", False)))
+
+
+def _packing(tree, part=None):
+    """(pack, unpack) for `tree`'s scalar arrays — of `tree[part]` only, if given —
+    packed into one vector per dtype (and weak type); None where fewer than two scalars
+    share a dtype. `pack` maps a tree of `tree`'s structure to (the other leaves, the
+    vectors), `unpack` back: pure data movement, bit for bit."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    n_before = 0 if part is None else len(jax.tree_util.tree_leaves(tree[:part]))
+    n_part = len(leaves) if part is None else len(jax.tree_util.tree_leaves(tree[part]))
+    groups: dict = {}
+    for i, x in enumerate(leaves):
+        if n_before <= i < n_before + n_part and _array(x) and x.ndim == 0:
+            groups.setdefault(_pack_key(x), []).append(i)
+    groups = {k: v for k, v in groups.items() if len(v) > 1}
+    if not groups:
+        return None
+    packed = {i for idx in groups.values() for i in idx}
+
+    def pack(t):
+        flat = treedef.flatten_up_to(t)
+        rest = [x for i, x in enumerate(flat) if i not in packed]
+        vecs = [lax.concatenate([lax.broadcast_in_dim(flat[i], (1,), ()) for i in idx], 0)
+                for idx in groups.values()]
+        return rest, vecs
+
+    def unpack(p):
+        rest, vecs = p
+        flat: list = [None] * len(leaves)
+        it = iter(rest)
+        for i in range(len(leaves)):
+            if i not in packed:
+                flat[i] = next(it)
+        for vec, idx in zip(vecs, groups.values()):
+            for j, i in enumerate(idx):
+                flat[i] = lax.index_in_dim(vec, j, keepdims=False)
+        return treedef.unflatten(flat)
+
+    return pack, unpack
+
+
+def packed_while_loop(cond_fun, body_fun, init, part=None):
+    """`lax.while_loop` with the carry's scalars (of `init[part]` only, if given) packed
+    into one vector per dtype.
+
+    Each array of a loop's carry is a buffer of its own at the loop's boundary, and XLA's
+    CPU runtime gives each scalar its own small operations: the select that keeps or
+    replaces it, and often a copy into the carry's buffer when its old value is still
+    read after the new one is computed. The step loop carries ~25 such scalars (t, h,
+    the order, the counters, the flags). Packed, they cross the boundary as a few
+    vectors; the body sees the same scalars (slices of the vectors), so the results are
+    the same bit for bit. Loops nested in the body that carry the same part packed the
+    same way (`integrate`'s outer and step loops: the `State`) pass the vectors through:
+    XLA folds the concatenation of a vector's own slices back into the vector."""
+    packing = _packing(init, part)
+    if packing is None:
+        return lax.while_loop(cond_fun, body_fun, init)
+    pack, unpack = packing
+    out = lax.while_loop(lambda p: cond_fun(unpack(p)), lambda p: pack(body_fun(unpack(p))),
+                         pack(init))
+    return unpack(out)
+
+
+def packed_cond(pred, true_fun, false_fun, operand):
+    """`lax.cond(pred, true_fun, false_fun, operand)` with the operand's scalars passed
+    packed (`packed_while_loop`): a branch's operands are buffers, so scalars unpacked
+    from a loop's vectors would each be copied out into one of their own on every trip,
+    taken or not."""
+    packing = _packing(operand)
+    if packing is None:
+        return lax.cond(pred, true_fun, false_fun, operand)
+    pack, unpack = packing
+    rest, vecs = pack(operand)
+    return lax.cond(pred, lambda p: true_fun(unpack(p)), lambda p: false_fun(unpack(p)),
+                    (rest, lax.optimization_barrier(vecs)))

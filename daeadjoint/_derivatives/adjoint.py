@@ -70,7 +70,7 @@ from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder
                            integrate, restore_linear_state, segment_capacity)
 from .._linalg.linear_solver import AbstractLinearSolver
 from .._newton import maybe_update, tree_where
-from .._ops import where
+from .._ops import packed_while_loop, where
 from .._results import RESULTS, runtime_errors_raise, succeeded
 from .discrete_adjoint import (DiscreteAdjoint, discrete_segment, initial_value_tangents,
                                replayed_steps, sweep_setup, zero_bars)
@@ -703,7 +703,7 @@ def replay_segment(problem_fwd: Problem, ck, c, t_next, yp0, buf0, max_steps):
                                            until=s.stats["num_steps"] + steps)
             return s, rec.append(staged)
 
-        st, rec = jax.lax.while_loop(cond, body, (st, rec))
+        st, rec = packed_while_loop(cond, body, (st, rec), part=0)
     ok = (st.result == RESULTS.successful) & ~rec.overflowed()
     return rec, ok
 
