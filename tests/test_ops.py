@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from daeadjoint._ops import row, tree_where, where
+from daeadjoint._ops import packed_cond, packed_while_loop, row, tree_where, where
 
 PRED = [np.array([True, False, True]), np.array(True), np.array(False),
         np.array([[True], [False]])]
@@ -93,3 +93,57 @@ def test_row_is_clipped_indexing():
     for i in range(-3, 9):
         i_ = jnp.int32(i)
         _same(jax.jit(row)(x, i_), x[jnp.clip(i_, 0, 5)])
+
+
+def _carry(x):
+    """A carry with scalars of several dtypes (two or more of each, so that each is
+    packed), weakly typed ones among them, arrays, None and a dict."""
+    return (dict(t=jnp.float64(0.0) + x, h=jnp.float64(0.5), k=jnp.int32(1),
+                 done=jnp.zeros((), bool), odd=jnp.ones((), bool),
+                 w=jnp.asarray(2.0) * 1, u=jnp.asarray(0.5) * 1, none=None,
+                 v=jnp.arange(3.0) * x, f32=jnp.float32(1.25)),
+            jnp.int32(0), jnp.float64(3.0))
+
+
+def _step(c):
+    s, i, y = c
+    h = jnp.where(s["k"] % 3 == 0, s["h"] * 0.7, s["h"] * 1.1)
+    s = dict(s, t=s["t"] + h, h=h, k=s["k"] + 1, done=s["t"] + h > 5.0, odd=~s["odd"],
+             w=s["w"] * 0.5 + 1, u=s["u"] - s["w"], v=s["v"] + h, f32=s["f32"] * jnp.float32(1.5))
+    return s, i + 2, y * 0.9 + s["t"]
+
+
+@pytest.mark.parametrize("part", [None, 0])
+def test_packed_while_loop_is_the_while_loop(part):
+    """The packed loop computes what `lax.while_loop` does, bit for bit, with the carry's
+    dtypes and weak types, under jit, vmap and jvp (it moves data only)."""
+    def plain(x):
+        return jax.lax.while_loop(lambda c: ~c[0]["done"], _step, _carry(x))
+
+    def packed(x):
+        return packed_while_loop(lambda c: ~c[0]["done"], _step, _carry(x), part=part)
+
+    for f in (lambda x: (plain(x), packed(x)),
+              jax.jit(lambda x: (plain(x), packed(x)))):
+        a, b = f(jnp.float64(0.3))
+        for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+            _same(u, v)
+            np.testing.assert_array_equal(u, v)
+    xs = jnp.array([0.1, 0.7, 2.0])
+    for u, v in zip(jax.tree_util.tree_leaves(jax.vmap(plain)(xs)),
+                    jax.tree_util.tree_leaves(jax.vmap(packed)(xs))):
+        np.testing.assert_array_equal(u, v)
+    ta = jax.jvp(lambda x: plain(x)[2], (0.3,), (1.0,))
+    tb = jax.jvp(lambda x: packed(x)[2], (0.3,), (1.0,))
+    np.testing.assert_array_equal(ta, tb)
+
+
+def test_packed_cond_is_the_cond():
+    """`packed_cond` takes the branch `lax.cond` does, with the operand unchanged."""
+    op = _carry(jnp.float64(0.3))[0]
+    for pred in (True, False):
+        a = jax.lax.cond(pred, _step, lambda c: c, (op, jnp.int32(0), jnp.float64(1.0)))
+        b = packed_cond(pred, _step, lambda c: c, (op, jnp.int32(0), jnp.float64(1.0)))
+        for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+            _same(u, v)
+            np.testing.assert_array_equal(u, v)
