@@ -134,7 +134,7 @@ def scale_history(phi, beta, ns, k):
     return phi * _rows(scale, phi)
 
 
-def _small_rows(phi) -> bool:
+def small_rows(phi) -> bool:
     """Whether sums over φ's six rows are unrolled (`_row_sum`): for rows of at most
     `SEQUENTIAL_BYTES` (or φ already kept as rows), where the unrolled sum fuses with its
     neighbours and a reduction or a dot would be an operation of its own."""
@@ -145,7 +145,7 @@ def predict(phi, gamma, k):
     """Predictor: y_(0) = Σ_{j≤k} φ_j,  y'_(0) = Σ_{1≤j≤k} γ_j φ_j."""
     w_y = (_ORDERS <= k).astype(gamma.dtype)
     w_yp = where((_ORDERS >= 1) & (_ORDERS <= k), gamma, 0.0)
-    if _small_rows(phi):
+    if small_rows(phi):
         rows = tuple(phi)
         return _row_sum(w_y, rows), _row_sum(w_yp, rows)
     return jnp.sum(_rows(w_y, phi) * phi, axis=0), jnp.sum(_rows(w_yp, phi) * phi, axis=0)
@@ -237,7 +237,7 @@ def node_values(phi, c, d):
     25 operations a step). On the problems measured (Robertson's gradient, batched and
     not, kept and replayed; the heat gradient at n = 49) the numbers are those of the
     dots bit for bit."""
-    if _small_rows(phi):
+    if small_rows(phi):
         rows = tuple(phi)
         return _row_sum(c, rows), _row_sum(d, rows)
     return interpolate(phi, c, d)
