@@ -61,7 +61,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Float, Int
 
-from .._consistency import Split, consistency_solve, split_at
+from .._consistency import Split, consistency_factor, consistency_solve, split_at
 from .._core import build_problem
 from .._events import observations
 from .._jax_internals import is_batched, unvmap_all, unvmap_any
@@ -487,40 +487,45 @@ def adjoint_problem(terms: _Terms, linear_solver, n, k, equations, buf, w, p, rt
 # ------------------------------------------------------------ observation jumps
 
 
-def _m_solve(terms, solver, split, t, y, yp, p, rhs):
-    """(ν, singular): M νᵢ = rhsᵢ (k, n), M the transposed consistency matrix, and
-    whether M is singular (the DAE is not index 1 in its algebraic variables at t: no
-    consistent adjoint values exist, and ν is not finite). Not differentiable: JAX never
-    differentiates the backward pass (its derivatives are the augmented DAE's,
-    `autodiff.py`), so the solve skips `custom_linear_solve`'s matrix–vector products."""
-    return consistency_solve(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
-                             t, y, yp, p, split, rhs, transpose=True, differentiable=False)
+def m_factor(terms, solver, split, t, y, yp, p):
+    """(solve, singular): M factored once at (t, y, y'), M the transposed consistency
+    matrix, solve(rhs) the νᵢ of M νᵢ = rhsᵢ (k, n), and whether M is singular (the DAE
+    is not index 1 in its algebraic variables at t: no consistent adjoint values exist,
+    and ν is not finite). A restart's three solves (`jump`, `restart_values`) share the
+    one factorization: one copy of it in the compiled program, not three. Not
+    differentiable: JAX never differentiates the backward pass (its derivatives are the
+    augmented DAE's, `autodiff.py`), so the solve skips `custom_linear_solve`'s
+    matrix–vector products."""
+    return consistency_factor(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
+                              t, y, yp, p, split, transpose=True, differentiable=False)
 
 
-def jump(terms: _Terms, linear_solver, split, t, y, yp, mu, yb, ypb, p):
+def jump(terms: _Terms, m, split, t, y, yp, mu, yb, ypb, p):
     """The consistent jump at an observation (module docstring), for k directions
-    (rows): returns μ(t⁻) and the parameter terms −F_pᵀνᵢ. `split` (a
-    `_consistency.Split`) gives the algebraic directions at t: a∘ȳ + d∘ȳp is
-    Πᵀȳ + (I − Π)ᵀȳp. Also returns whether M is singular (`_m_solve`)."""
-    nu, singular = _m_solve(terms, linear_solver, split, t, y, yp, p,
-                            split.alg_t(yb) + split.diff_t(ypb))
+    (rows): returns μ(t⁻) and the parameter terms −F_pᵀνᵢ. `m`: M factored at
+    (t, y, y') (`m_factor`); `split` (a `_consistency.Split`) gives the algebraic
+    directions at t: a∘ȳ + d∘ȳp is Πᵀȳ + (I − Π)ᵀȳp. Also returns whether M is
+    singular."""
+    m_solve, singular = m
+    nu = m_solve(split.alg_t(yb) + split.diff_t(ypb))
     fy_nu, _, fp_nu = terms.f_transpose(t, y, yp, p, nu)
     return mu + yb - fy_nu, -fp_nu, singular
 
 
-def restart_values(terms: _Terms, linear_solver, split, t, mu, w, y, yp, p):
+def restart_values(terms: _Terms, m, split, t, mu, w, y, yp, p):
     """Consistent (Z, Z_s) of (A) at t for the weights w after a jump: μ_a = −g_y'a,
     λ from M λ = (a∘g_y + d∘(μ + g_y')), μ_s = g_y − F_yᵀλ, and λ_s from M λ_s = d∘μ_s
     (the s-derivative of the two relations with the coefficients frozen; only the
     starting predictor uses it, and the BDF corrects the rest). Rows: directions.
-    With a general split, a∘v is Πᵀv and d∘v is (I − Π)ᵀv."""
+    With a general split, a∘v is Πᵀv and d∘v is (I − Π)ᵀv. `m`: M factored at
+    (t, y, y') (`m_factor`)."""
+    m_solve, _ = m
     gy, gyp, _ = terms.source(t, y, yp, w, p)
     mu = split.diff_t(mu) - split.alg_t(gyp)
-    lam, _ = _m_solve(terms, linear_solver, split, t, y, yp, p,
-                      split.alg_t(gy) + split.diff_t(mu + gyp))
+    lam = m_solve(split.alg_t(gy) + split.diff_t(mu + gyp))
     fy_lam, _, _ = terms.f_transpose(t, y, yp, p, lam)
     mu_s = gy - fy_lam
-    lam_s, _ = _m_solve(terms, linear_solver, split, t, y, yp, p, split.diff_t(mu_s))
+    lam_s = m_solve(split.diff_t(mu_s))
     flat = lambda u, v: jnp.concatenate([u, v], axis=1).reshape(-1)  # noqa: E731
     return flat(mu, lam), flat(mu_s, lam_s)
 
@@ -567,7 +572,7 @@ def restart_values(terms: _Terms, linear_solver, split, t, mu, w, y, yp, p):
 
 def _hidden_solve_t(terms, solver, split, rows, t, y, yp, p, rhs):
     """(x, singular): C_hᵀ xᵢ = rhsᵢ (k, n) at (t, y, y'). Not differentiable, as
-    `_m_solve`."""
+    `m_factor`."""
     from .._index2 import hidden_residual
     return consistency_solve(solver, hidden_residual(terms.F, rows), t, y, yp, p, split,
                              rhs, transpose=True, differentiable=False)
@@ -830,8 +835,9 @@ def observe(bw: _Backward, c: _Sweep) -> _Sweep:
                 bw.terms, bw.solver, split, bw.index2, t, mu, w, c.buf.evaluate, bw.p)
             p_jump, singular = p_jump + p_fix, singular | singular2
         else:
-            mu, p_jump, singular = jump(bw.terms, bw.solver, split, t, y, yp, mu, yb, ypb, bw.p)
-            Z, Zs = restart_values(bw.terms, bw.solver, split, t, mu, w, y, yp, bw.p)
+            m = m_factor(bw.terms, bw.solver, split, t, y, yp, bw.p)
+            mu, p_jump, singular = jump(bw.terms, m, split, t, y, yp, mu, yb, ypb, bw.p)
+            Z, Zs = restart_values(bw.terms, m, split, t, mu, w, y, yp, bw.p)
         t_next = bw.next_time(c.t_low, obs, t)
         equations = split.algebraic_equations
         prob = bw.problem(c.buf, w, t, t_next, equations)   # s = t_r − t restarts at 0
@@ -1075,10 +1081,9 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
                     adj_steps=jnp.zeros((), jnp.int32), t_r=ts[-1], equations=inputs.algebraic,
                     singular=jnp.zeros((), bool))
 
-    def finish(c):
-        """The continuous pass's cotangents at t0, its result, and whether M was
-        singular."""
-        out, singular_t0 = at_t0(bw, config, inputs, c, unravel, pd, p_events)
+    def finish(c, singular_t0):
+        """The result of the continuous pass that ended in c, and whether M was singular
+        (at a restart, or at t0: `singular_t0`)."""
         singular = c.singular | (c.ok & singular_t0)
         # Cotangents the continuous adjoint cannot take: on y' of algebraic components
         # and on higher derivatives of the dense output (third-order derivatives through
@@ -1088,45 +1093,58 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         result = RESULTS.where(~c.ok | singular, RESULTS.adjoint_failed,
                                RESULTS.where(unsupported, RESULTS.unsupported_cotangent,
                                              RESULTS.successful))
-        return _restrict(out, wanted), result, singular
+        return result, singular
+
+    def cotangents_at_t0(c):
+        """The continuous pass's cotangents at t0 (`at_t0`), restricted to `wanted`, and
+        whether M is singular there."""
+        out, singular_t0 = at_t0(bw, config, inputs, c, unravel, pd, p_events)
+        return _restrict(out, wanted), singular_t0
 
     if not fallback:
         c, _ = jax.lax.while_loop(outer_cond, outer_body, (carry0, None))
-        return finish(c)
+        out, singular_t0 = cotangents_at_t0(c)
+        return (out,) + finish(c, singular_t0)
 
     def switch(carry):
         """Where the continuous pass has just ended (failed, or done with segment 0):
-        did it fail on a successful forward run — then start the discrete pass from
-        the last segment (every segment is replayed, `segment_steps`, so nothing else
-        of the continuous pass's state matters) — and was M singular. Only the
-        singularity test of `at_t0` is needed for that; its cotangents are computed
-        once, after the loop (`finish`), where no discrete pass ran."""
-        c, d, singular_c = carry
+        its cotangents at t0 (`at_t0`, the one copy in the program: its singularity
+        test decides the switch, and where no discrete pass follows they are the
+        gradient), and did it fail on a successful forward run — then start the
+        discrete pass from the last segment (every segment is replayed,
+        `segment_steps`, so nothing else of the continuous pass's state matters)."""
+        c, d, singular_c, out_c = carry
         ended = ~d.on & ~((c.segment >= 0) & c.ok)
 
         def check():
-            singular = c.singular | (c.ok & singular_at_t0(bw, inputs, c))
-            return (~c.ok | singular) & succeeded(rec.result), singular
+            out, singular_t0 = cotangents_at_t0(c)
+            _, singular = finish(c, singular_t0)
+            return (~c.ok | singular) & succeeded(rec.result), singular, out
 
-        no = (jnp.zeros((), bool), singular_c)
-        failed, singular = jax.lax.cond(unvmap_any(ended),
-                                        lambda: tree_where(ended, check(), no), lambda: no)
+        no = (jnp.zeros((), bool), singular_c, out_c)
+        failed, singular, out = jax.lax.cond(
+            unvmap_any(ended), lambda: tree_where(ended, check(), no), lambda: no)
         c = c._replace(segment=where(failed, carry0.segment, c.segment), ok=c.ok | failed)
-        return c, d._replace(on=d.on | failed), singular
+        return c, d._replace(on=d.on | failed), singular, out
 
     # One loop over the segments for both passes (the continuous adjoint's, then where it
     # failed the discrete adjoint's), the switch at the end of a trip: a loop of passes
     # around the segment loop, with `finish` inside it, made XLA's while-loop passes
     # take several seconds more to compile the gradient (benchmarks/compile_profile.py).
+    # The continuous pass's cotangents are computed in the switch, where it ends, and
+    # carried out of the loop: a second copy of `at_t0` after the loop took 24 kernels
+    # more (Robertson's `grad`, 2026-11-29). A forward run that failed makes no trip:
+    # its cotangents stay the zeros below (NaN'd by the caller, `_flag_failure`).
     d0 = _Discrete(on=jnp.zeros((), bool), bars=zero_bars(sw, k, n), h1=jnp.ones((), dtype))
-    c, d, singular_c = jax.lax.while_loop(
+    out0 = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype),
+                                  jax.eval_shape(lambda: cotangents_at_t0(carry0)[0]))
+    c, d, singular, out = jax.lax.while_loop(
         lambda carry: outer_cond((carry[0], carry[1])),
-        lambda carry: switch(outer_body((carry[0], carry[1])) + (carry[2],)),
-        (carry0, d0, jnp.zeros((), bool)))
-    # The continuous pass's cotangents (its end state is c unless the discrete pass ran;
-    # a forward run that failed makes no trip, and its cotangents are NaN'd by the caller).
-    out, result, singular = finish(c)
-    singular = where(d.on, singular_c, singular)
+        lambda carry: switch(outer_body((carry[0], carry[1])) + carry[2:]),
+        (carry0, d0, jnp.zeros((), bool), out0))
+    # The continuous pass's result (where no discrete pass ran, c is where it ended:
+    # `singular` already holds c.singular).
+    result, _ = finish(c, singular)
 
     def discrete():
         """The discrete pass's cotangents: through the initial history to the inputs
@@ -1147,20 +1165,6 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
     return out, result, singular
 
 
-def singular_at_t0(bw: _Backward, inputs, c: _Sweep):
-    """Whether M is singular at t0 (the singularity `at_t0`'s jump reports). With
-    `index2` M is singular by construction and `at_t0` uses the hidden-constraint
-    matrix instead (`index2_at_t0`), reporting no singularity: so does this test."""
-    if bw.index2:
-        return jnp.zeros((), bool)
-    t0 = inputs.t0
-    y_t0, yp_t0 = c.buf.evaluate(t0)
-    split = bw.split(t0, y_t0, yp_t0)
-    _, singular = _m_solve(bw.terms, bw.solver, split, t0, y_t0, yp_t0, bw.p,
-                           jnp.zeros((1, bw.n), y_t0.dtype))
-    return singular
-
-
 def at_t0(bw: _Backward, config, inputs, c: _Sweep, unravel, pd, p_events):
     """At t0: the observations there, then the initial-value cotangents (`init`
     semantics) and the one of t0; the parameter gradient with everything banked.
@@ -1176,8 +1180,9 @@ def at_t0(bw: _Backward, config, inputs, c: _Sweep, unravel, pd, p_events):
         out = index2_at_t0(config, inputs, split, y_t0, yp_t0, split.diff_t(mu) + yb, ypb,
                            c.w + qb, pbar, unravel, pd, p_events)
         return out, jnp.zeros((), bool)
-    mu, p_jump, singular = jump(bw.terms, bw.solver, split, t0, y_t0, yp_t0, mu, yb, ypb,
-                                bw.p)
+    mu, p_jump, singular = jump(bw.terms, m_factor(bw.terms, bw.solver, split, t0, y_t0,
+                                                   yp_t0, bw.p),
+                                split, t0, y_t0, yp_t0, mu, yb, ypb, bw.p)
     pbar = pbar + p_jump
     w = c.w + qb
     ybar0, ypbar0, pbar = initial_value_cotangents(config, bw.terms, bw.solver, split, t0,
