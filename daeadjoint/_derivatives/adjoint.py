@@ -570,36 +570,40 @@ def restart_values(terms: _Terms, m, split, t, mu, w, y, yp, p):
 # corrector; μ_s = g_y − F_yᵀλ and λ'_R start the predictor), not the gradient.
 
 
-def _hidden_solve_t(terms, solver, split, rows, t, y, yp, p, rhs):
-    """(x, singular): C_hᵀ xᵢ = rhsᵢ (k, n) at (t, y, y'). Not differentiable, as
-    `m_factor`."""
+def hidden_factor_t(terms, solver, split, rows, t, y, yp, p):
+    """(solve, singular): C_hᵀ factored once at (t, y, y'), solve(rhs) the xᵢ of
+    C_hᵀ xᵢ = rhsᵢ (k, n), and whether C_h is singular; shared by a restart's three
+    solves (`index2_jump`, `index2_restart_values`), as `m_factor`. Not
+    differentiable, as `m_factor`."""
     from .._index2 import hidden_residual
-    return consistency_solve(solver, hidden_residual(terms.F, rows), t, y, yp, p, split,
-                             rhs, transpose=True, differentiable=False)
+    return consistency_factor(solver, hidden_residual(terms.F, rows), t, y, yp, p, split,
+                              transpose=True, differentiable=False)
 
 
-def index2_jump(terms, solver, split, rows, t, y, yp, mu, yb, ypb, p):
+def index2_jump(terms, h, split, rows, t, y, yp, mu, yb, ypb, p):
     """μ_d(t⁻) before the consistency correction, μ_d(t⁺) + v, the parameter terms π and
-    whether C_h is singular, for an observation (ȳ, ȳ') at t (k rows; see above)."""
+    whether C_h is singular, for an observation (ȳ, ȳ') at t (k rows; see above). `h`:
+    C_hᵀ factored at (t, y, y') (`hidden_factor_t`)."""
     from .._index2 import hidden_residual
     R = hidden_residual(terms.F, rows)
-    omega, singular = _hidden_solve_t(terms, solver, split, rows, t, y, yp, p,
-                                      split.alg_t(yb) + split.diff_t(ypb))
+    h_solve, singular = h
+    omega = h_solve(split.alg_t(yb) + split.diff_t(ypb))
     _, vjp = jax.vjp(lambda y_, p_: R(t, y_, yp, p_), y, p)
     ry, rp = jax.vmap(vjp)(omega)
     return split.diff_t(mu) + split.diff_t(yb - ry), -rp, singular
 
 
-def index2_restart_values(terms, solver, split, rows, t, mu, w, evaluate, p):
+def index2_restart_values(terms, h, split, rows, t, mu, w, evaluate, p):
     """Consistent (Z, Z_s) of (A) at t for a Hessenberg index-2 DAE (see above) from the
     differential part of μ, the quadrature weights w and the forward solution
     `evaluate(t) = (y, y')`; with the parameter term g_pᵀκ of the correction of μ_d and
-    whether C_h is singular. Rows: directions."""
+    whether C_h is singular. Rows: directions. `h`: C_hᵀ factored at (t, y, y')
+    (`hidden_factor_t`)."""
     y, yp = evaluate(t)
     c = jnp.zeros(mu.shape[-1:], bool).at[jnp.asarray(rows)].set(True)
     gy, gyp, _ = terms.source(t, y, yp, w, p)
-    nu, singular = _hidden_solve_t(terms, solver, split, rows, t, y, yp, p,
-                                   split.alg_t(gy) + split.diff_t(mu + gyp))
+    h_solve, singular = h
+    nu = h_solve(split.alg_t(gy) + split.diff_t(mu + gyp))
     fy_c, _, fp_c = terms.f_transpose(t, y, yp, p, where(c, nu, 0.0))
     mu = split.diff_t(mu - fy_c) - split.alg_t(gyp)        # μ_d + g_xᵀκ, κ = −ν_C
     lam_hat = where(c, 0.0, nu)
@@ -612,13 +616,13 @@ def index2_restart_values(terms, solver, split, rows, t, mu, w, evaluate, p):
 
     (fy, _, gy, _), (dfy, dfyp, dgy, dgyp) = jax.jvp(along, (t,), (jnp.ones_like(t),))
     rhs = split.diff_t(fy - gy - dfyp + dgyp) + split.alg_t(dgy - dfy)
-    nu2, singular2 = _hidden_solve_t(terms, solver, split, rows, t, y, yp, p, rhs)
+    nu2 = h_solve(rhs)
     lam = lam_hat - where(c, nu2, 0.0)
     fy_lam, _, _ = terms.f_transpose(t, y, yp, p, lam)
     mu_s = gy - fy_lam
     lam_s = -where(c, 0.0, nu2)      # d/ds = −d/dt; λ_C's rate only starts a predictor
     flat = lambda u, v: jnp.concatenate([u, v], axis=1).reshape(-1)  # noqa: E731
-    return flat(mu, lam), flat(mu_s, lam_s), -fp_c, singular | singular2
+    return flat(mu, lam), flat(mu_s, lam_s), -fp_c, singular
 
 
 def index2_at_t0(config, inputs, split, y0, yp0, sbar, spbar, w, pbar, unravel, pd, p_events):
@@ -737,6 +741,15 @@ class _Backward(eqx.Module):
     index2: tuple = eqx.field(static=True, default=())
     # The forward steps are a batch's (`vmap`): every member has its own (`_Nodes.of`).
     batched: bool = eqx.field(static=True, default=False)
+    # Any operand of the backward pass is batched (`vmap`): see `ran_where`.
+    any_batched: bool = eqx.field(static=True, default=True)
+
+    def ran_where(self, pred, new, old):
+        """`tree_where(pred, new, old)` for the value of a branch (or a one-trip loop)
+        that runs only where `unvmap_any(pred)`: without a batch pred holds wherever it
+        runs, and the value is `new` — no select per leaf in the program (39 kernels
+        for the restart's state alone in Robertson's `grad`)."""
+        return tree_where(pred, new, old) if self.any_batched else new
 
     def index2_mask(self):
         return None if not self.index2 else jnp.zeros((self.n,), bool).at[
@@ -829,10 +842,11 @@ def observe(bw: _Backward, c: _Sweep) -> _Sweep:
         y, yp = c.buf.evaluate(t)
         split = bw.split(t, y, yp)
         if bw.index2:
-            mu, p_jump, singular = index2_jump(bw.terms, bw.solver, split, bw.index2, t, y, yp,
+            h = hidden_factor_t(bw.terms, bw.solver, split, bw.index2, t, y, yp, bw.p)
+            mu, p_jump, singular = index2_jump(bw.terms, h, split, bw.index2, t, y, yp,
                                                mu, yb, ypb, bw.p)
             Z, Zs, p_fix, singular2 = index2_restart_values(
-                bw.terms, bw.solver, split, bw.index2, t, mu, w, c.buf.evaluate, bw.p)
+                bw.terms, h, split, bw.index2, t, mu, w, c.buf.evaluate, bw.p)
             p_jump, singular = p_jump + p_fix, singular | singular2
         else:
             m = m_factor(bw.terms, bw.solver, split, t, y, yp, bw.p)
@@ -846,7 +860,7 @@ def observe(bw: _Backward, c: _Sweep) -> _Sweep:
         fresh = initial_state(prob, s0, Z, Zs, h0)
         steps = c.adj_steps + where(c.started, adj_old.stats["num_steps"], 0)
         new = (fresh, w, c.pbar + banked + p_jump, steps, t, equations, singular)
-        return tree_where(jumps, new, old + (jnp.zeros((), bool),))
+        return bw.ran_where(jumps, new, old + (jnp.zeros((), bool),))
 
     adj, w, pbar, steps, t_r, equations, singular = jax.lax.cond(
         unvmap_any(jumps), do_restart, lambda: old + (jnp.zeros((), bool),))
@@ -950,19 +964,23 @@ def integrate_segment(bw: _Backward, c: _Sweep, max_steps: int) -> _Sweep:
         adj, _, _, _ = integrate(bw.problem(nodes, c.w, t_r, t_next, c.equations),
                                  c.adj, empty, t_r - t_next, max_steps)
         ok = c.ok & (adj.result == RESULTS.successful)
-        # After a singular restart (c.ok already false) the attempt's result is dropped.
-        return c._replace(adj=tree_where(c.ok, adj, c.adj), started=jnp.ones((), bool),
+        # After a singular restart (c.ok already false) the attempt's result is dropped:
+        # under a batch, by a select. Without one nothing reads it: the loops end, and
+        # the cotangents of a pass that failed are replaced (the fallback's) or NaN.
+        adj = tree_where(c.ok, adj, c.adj) if bw.any_batched else adj
+        return c._replace(adj=adj, started=jnp.ones((), bool),
                           t_cur=where(c.ok, t_next, c.t_cur), ok=ok)
 
     return jax.lax.while_loop(cond, body, c)
 
 
 def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: _Sweep, i, yp0,
-                  max_steps: int, replay_all=False):
+                  max_steps: int, replay_all=False, batched: bool = True):
     """The steps of forward segment i (from checkpoint i): the ones the forward run kept
     if it is its last segment, else replayed; the current buffer if the segment starts
     at or after the time reached. `replay_all`: replay every segment (the fallback's
     discrete pass, which needs the step sizes and orders only a replay records).
+    `batched`: whether any operand of the backward pass is (`_Backward.ran_where`).
     Returns (buffer, replay ok, the segment's start)."""
     cks = rec.checkpoints
     n_ck, ck_cap = cks.count, cks.states.t.shape[0]
@@ -982,14 +1000,16 @@ def segment_steps(problem_fwd: Problem, rec, buf0: StepRecorder, c: _Sweep, i, y
     kept = kept & ~stored
     replay = need & ~kept & ~stored
     # One-trip loops, not conds: a cond returning the current buffer would copy it.
+    # Without a batch a one-trip loop's update is its value (`_Backward.ran_where`).
+    sel = not batched
     buf, ok = maybe_update(
         replay,
         lambda: replay_segment(problem_fwd, ck, i, t_next, yp0, buf0, max_steps),
-        (c.buf, jnp.ones((), bool)))
+        (c.buf, jnp.ones((), bool)), selects=sel)
     if rec.segment is not None:
-        buf = maybe_update(kept, lambda: rec.segment.buffer(buf0), buf)
+        buf = maybe_update(kept, lambda: rec.segment.buffer(buf0), buf, selects=sel)
     if traj is not None:
-        buf = maybe_update(stored, lambda: traj.segment(i, every, buf0), buf)
+        buf = maybe_update(stored, lambda: traj.segment(i, every, buf0), buf, selects=sel)
     return buf, ok | ~replay, t_low
 
 
@@ -1032,6 +1052,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         breakpoints=inputs.breakpoints,
         ybar=yd_bar[:, :, 0], ypbar=yd_bar[:, :, 1],
         qbar=qbar, n=n, k=k, index2=config.index2, batched=is_batched(rec),
+        any_batched=is_batched((adjoint, config, inputs, rec, ct)),
         rtol=jnp.asarray(inputs.rtol if adjoint.rtol is None else adjoint.rtol, dtype),
         atol=jnp.asarray(jnp.max(inputs.atol) if adjoint.atol is None else adjoint.atol, dtype))
 
@@ -1056,7 +1077,8 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         c, d = carry
         i = c.segment
         buf, ok, t_low = segment_steps(problem_fwd, rec, buf0, c, i, yp0,
-                                       config.max_steps, False if d is None else d.on)
+                                       config.max_steps, False if d is None else d.on,
+                                       batched=bw.any_batched)
         c = c._replace(buf=buf, ok=c.ok & ok, t_low=t_low)
         if d is None:
             c = integrate_segment(bw, c, max_adj)
@@ -1068,7 +1090,8 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
             steps = replayed_steps(sw, buf, i, rec.t_final)
             h1 = where(i == 0, buf.h_step[0], d.h1)
             bars = maybe_update(d.on & c.ok, lambda: discrete_segment(
-                sw, inputs, rec, steps, ck, i == 0, h1, d.bars), d.bars)
+                sw, inputs, rec, steps, ck, i == 0, h1, d.bars), d.bars,
+                selects=not bw.any_batched)
             d = d._replace(bars=bars, h1=h1)
         return c._replace(segment=i - 1), d
 
@@ -1123,7 +1146,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
 
         no = (jnp.zeros((), bool), singular_c, out_c)
         failed, singular, out = jax.lax.cond(
-            unvmap_any(ended), lambda: tree_where(ended, check(), no), lambda: no)
+            unvmap_any(ended), lambda: bw.ran_where(ended, check(), no), lambda: no)
         c = c._replace(segment=where(failed, carry0.segment, c.segment), ok=c.ok | failed)
         return c, d._replace(on=d.on | failed), singular, out
 
@@ -1157,7 +1180,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
             # calls and ~750 slicing kernels more in `vmap(grad)`'s program).
             jax.debug.callback(_warn_fallback, unvmap_any(d.on), unvmap_all(~d.on | c.ok),
                                unvmap_any(d.on & singular))
-        return (tree_where(d.on, out_d, out),
+        return (bw.ran_where(d.on, out_d, out),
                 RESULTS.where(d.on, RESULTS.where(c.ok, RESULTS.successful,
                                                   RESULTS.adjoint_failed), result))
 
