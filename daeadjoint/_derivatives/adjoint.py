@@ -1104,9 +1104,10 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
                     adj_steps=jnp.zeros((), jnp.int32), t_r=ts[-1], equations=inputs.algebraic,
                     singular=jnp.zeros((), bool))
 
-    def finish(c, singular_t0):
-        """The result of the continuous pass that ended in c, and whether M was singular
-        (at a restart, or at t0: `singular_t0`)."""
+    def finish(c):
+        """The continuous pass's cotangents at t0, its result, and whether M was
+        singular."""
+        out, singular_t0 = at_t0(bw, config, inputs, c, unravel, pd, p_events)
         singular = c.singular | (c.ok & singular_t0)
         # Cotangents the continuous adjoint cannot take: on y' of algebraic components
         # and on higher derivatives of the dense output (third-order derivatives through
@@ -1116,58 +1117,48 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
         result = RESULTS.where(~c.ok | singular, RESULTS.adjoint_failed,
                                RESULTS.where(unsupported, RESULTS.unsupported_cotangent,
                                              RESULTS.successful))
-        return result, singular
-
-    def cotangents_at_t0(c):
-        """The continuous pass's cotangents at t0 (`at_t0`), restricted to `wanted`, and
-        whether M is singular there."""
-        out, singular_t0 = at_t0(bw, config, inputs, c, unravel, pd, p_events)
-        return _restrict(out, wanted), singular_t0
+        return _restrict(out, wanted), result, singular
 
     if not fallback:
         c, _ = jax.lax.while_loop(outer_cond, outer_body, (carry0, None))
-        out, singular_t0 = cotangents_at_t0(c)
-        return (out,) + finish(c, singular_t0)
+        return finish(c)
 
     def switch(carry):
         """Where the continuous pass has just ended (failed, or done with segment 0):
-        its cotangents at t0 (`at_t0`, the one copy in the program: its singularity
-        test decides the switch, and where no discrete pass follows they are the
-        gradient), and did it fail on a successful forward run — then start the
-        discrete pass from the last segment (every segment is replayed,
-        `segment_steps`, so nothing else of the continuous pass's state matters)."""
-        c, d, singular_c, out_c = carry
+        did it fail on a successful forward run — then start the discrete pass from
+        the last segment (every segment is replayed, `segment_steps`, so nothing else
+        of the continuous pass's state matters) — and was M singular. Only the
+        singularity test of `at_t0` is needed for that; its cotangents are computed
+        once, after the loop (`finish`), where no discrete pass ran."""
+        c, d, singular_c = carry
         ended = ~d.on & ~((c.segment >= 0) & c.ok)
 
         def check():
-            out, singular_t0 = cotangents_at_t0(c)
-            _, singular = finish(c, singular_t0)
-            return (~c.ok | singular) & succeeded(rec.result), singular, out
+            singular = c.singular | (c.ok & singular_at_t0(bw, inputs, c))
+            return (~c.ok | singular) & succeeded(rec.result), singular
 
-        no = (jnp.zeros((), bool), singular_c, out_c)
-        failed, singular, out = jax.lax.cond(
-            unvmap_any(ended), lambda: bw.ran_where(ended, check(), no), lambda: no)
+        no = (jnp.zeros((), bool), singular_c)
+        failed, singular = jax.lax.cond(unvmap_any(ended),
+                                        lambda: bw.ran_where(ended, check(), no), lambda: no)
         c = c._replace(segment=where(failed, carry0.segment, c.segment), ok=c.ok | failed)
-        return c, d._replace(on=d.on | failed), singular, out
+        return c, d._replace(on=d.on | failed), singular
 
     # One loop over the segments for both passes (the continuous adjoint's, then where it
     # failed the discrete adjoint's), the switch at the end of a trip: a loop of passes
     # around the segment loop, with `finish` inside it, made XLA's while-loop passes
     # take several seconds more to compile the gradient (benchmarks/compile_profile.py).
-    # The continuous pass's cotangents are computed in the switch, where it ends, and
-    # carried out of the loop: a second copy of `at_t0` after the loop took 24 kernels
-    # more (Robertson's `grad`, 2026-11-29). A forward run that failed makes no trip:
-    # its cotangents stay the zeros below (NaN'd by the caller, `_flag_failure`).
+    # (`at_t0` in the switch's branch, carried out of the loop, would drop the separate
+    # singularity test: 24 kernels fewer in Robertson's `grad`, but XLA's while-loop
+    # passes grew by about as much time, XLA's CPU seconds no lower; 2026-11-29.)
     d0 = _Discrete(on=jnp.zeros((), bool), bars=zero_bars(sw, k, n), h1=jnp.ones((), dtype))
-    out0 = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype),
-                                  jax.eval_shape(lambda: cotangents_at_t0(carry0)[0]))
-    c, d, singular, out = jax.lax.while_loop(
+    c, d, singular_c = jax.lax.while_loop(
         lambda carry: outer_cond((carry[0], carry[1])),
-        lambda carry: switch(outer_body((carry[0], carry[1])) + carry[2:]),
-        (carry0, d0, jnp.zeros((), bool), out0))
-    # The continuous pass's result (where no discrete pass ran, c is where it ended:
-    # `singular` already holds c.singular).
-    result, _ = finish(c, singular)
+        lambda carry: switch(outer_body((carry[0], carry[1])) + (carry[2],)),
+        (carry0, d0, jnp.zeros((), bool)))
+    # The continuous pass's cotangents (its end state is c unless the discrete pass ran;
+    # a forward run that failed makes no trip, and its cotangents are NaN'd by the caller).
+    out, result, singular = finish(c)
+    singular = where(d.on, singular_c, singular)
 
     def discrete():
         """The discrete pass's cotangents: through the initial history to the inputs
@@ -1186,6 +1177,19 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
 
     out, result = jax.lax.cond(unvmap_any(d.on), discrete, lambda: (out, result))
     return out, result, singular
+
+
+def singular_at_t0(bw: _Backward, inputs, c: _Sweep):
+    """Whether M is singular at t0 (the singularity `at_t0`'s jump reports). With
+    `index2` M is singular by construction and `at_t0` uses the hidden-constraint
+    matrix instead (`index2_at_t0`), reporting no singularity: so does this test."""
+    if bw.index2:
+        return jnp.zeros((), bool)
+    t0 = inputs.t0
+    y_t0, yp_t0 = c.buf.evaluate(t0)
+    split = bw.split(t0, y_t0, yp_t0)
+    _, singular = m_factor(bw.terms, bw.solver, split, t0, y_t0, yp_t0, bw.p)
+    return singular
 
 
 def at_t0(bw: _Backward, config, inputs, c: _Sweep, unravel, pd, p_events):
