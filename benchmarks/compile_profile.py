@@ -124,7 +124,9 @@ def label_pieces():
         mod = importlib.import_module(mod_name)
         cls, _, meth = name.rpartition(".")
         owner = getattr(mod, cls) if cls else mod
-        f = getattr(owner, meth)
+        f = getattr(owner, meth, None)
+        if f is None:          # a piece this version (`--tree`) does not have
+            continue
 
         def scoped(*a, _f=f, _label=label, **kw):
             with jax.named_scope(f"DAE_{_label}"):

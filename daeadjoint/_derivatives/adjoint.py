@@ -61,7 +61,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Float, Int
 
-from .._consistency import Split, consistency_solve, split_at
+from .._consistency import Split, consistency_factor, consistency_solve, split_at
 from .._core import build_problem
 from .._events import observations
 from .._jax_internals import is_batched, unvmap_all, unvmap_any
@@ -487,40 +487,45 @@ def adjoint_problem(terms: _Terms, linear_solver, n, k, equations, buf, w, p, rt
 # ------------------------------------------------------------ observation jumps
 
 
-def _m_solve(terms, solver, split, t, y, yp, p, rhs):
-    """(ν, singular): M νᵢ = rhsᵢ (k, n), M the transposed consistency matrix, and
-    whether M is singular (the DAE is not index 1 in its algebraic variables at t: no
-    consistent adjoint values exist, and ν is not finite). Not differentiable: JAX never
-    differentiates the backward pass (its derivatives are the augmented DAE's,
-    `autodiff.py`), so the solve skips `custom_linear_solve`'s matrix–vector products."""
-    return consistency_solve(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
-                             t, y, yp, p, split, rhs, transpose=True, differentiable=False)
+def m_factor(terms, solver, split, t, y, yp, p):
+    """(solve, singular): M factored once at (t, y, y'), M the transposed consistency
+    matrix, solve(rhs) the νᵢ of M νᵢ = rhsᵢ (k, n), and whether M is singular (the DAE
+    is not index 1 in its algebraic variables at t: no consistent adjoint values exist,
+    and ν is not finite). A restart's three solves (`jump`, `restart_values`) share the
+    one factorization: one copy of it in the compiled program, not three. Not
+    differentiable: JAX never differentiates the backward pass (its derivatives are the
+    augmented DAE's, `autodiff.py`), so the solve skips `custom_linear_solve`'s
+    matrix–vector products."""
+    return consistency_factor(solver, lambda t_, y_, yp_, p_: terms.F(t_, y_, yp_, p_),
+                              t, y, yp, p, split, transpose=True, differentiable=False)
 
 
-def jump(terms: _Terms, linear_solver, split, t, y, yp, mu, yb, ypb, p):
+def jump(terms: _Terms, m, split, t, y, yp, mu, yb, ypb, p):
     """The consistent jump at an observation (module docstring), for k directions
-    (rows): returns μ(t⁻) and the parameter terms −F_pᵀνᵢ. `split` (a
-    `_consistency.Split`) gives the algebraic directions at t: a∘ȳ + d∘ȳp is
-    Πᵀȳ + (I − Π)ᵀȳp. Also returns whether M is singular (`_m_solve`)."""
-    nu, singular = _m_solve(terms, linear_solver, split, t, y, yp, p,
-                            split.alg_t(yb) + split.diff_t(ypb))
+    (rows): returns μ(t⁻) and the parameter terms −F_pᵀνᵢ. `m`: M factored at
+    (t, y, y') (`m_factor`); `split` (a `_consistency.Split`) gives the algebraic
+    directions at t: a∘ȳ + d∘ȳp is Πᵀȳ + (I − Π)ᵀȳp. Also returns whether M is
+    singular."""
+    m_solve, singular = m
+    nu = m_solve(split.alg_t(yb) + split.diff_t(ypb))
     fy_nu, _, fp_nu = terms.f_transpose(t, y, yp, p, nu)
     return mu + yb - fy_nu, -fp_nu, singular
 
 
-def restart_values(terms: _Terms, linear_solver, split, t, mu, w, y, yp, p):
+def restart_values(terms: _Terms, m, split, t, mu, w, y, yp, p):
     """Consistent (Z, Z_s) of (A) at t for the weights w after a jump: μ_a = −g_y'a,
     λ from M λ = (a∘g_y + d∘(μ + g_y')), μ_s = g_y − F_yᵀλ, and λ_s from M λ_s = d∘μ_s
     (the s-derivative of the two relations with the coefficients frozen; only the
     starting predictor uses it, and the BDF corrects the rest). Rows: directions.
-    With a general split, a∘v is Πᵀv and d∘v is (I − Π)ᵀv."""
+    With a general split, a∘v is Πᵀv and d∘v is (I − Π)ᵀv. `m`: M factored at
+    (t, y, y') (`m_factor`)."""
+    m_solve, _ = m
     gy, gyp, _ = terms.source(t, y, yp, w, p)
     mu = split.diff_t(mu) - split.alg_t(gyp)
-    lam, _ = _m_solve(terms, linear_solver, split, t, y, yp, p,
-                      split.alg_t(gy) + split.diff_t(mu + gyp))
+    lam = m_solve(split.alg_t(gy) + split.diff_t(mu + gyp))
     fy_lam, _, _ = terms.f_transpose(t, y, yp, p, lam)
     mu_s = gy - fy_lam
-    lam_s, _ = _m_solve(terms, linear_solver, split, t, y, yp, p, split.diff_t(mu_s))
+    lam_s = m_solve(split.diff_t(mu_s))
     flat = lambda u, v: jnp.concatenate([u, v], axis=1).reshape(-1)  # noqa: E731
     return flat(mu, lam), flat(mu_s, lam_s)
 
@@ -565,36 +570,40 @@ def restart_values(terms: _Terms, linear_solver, split, t, mu, w, y, yp, p):
 # corrector; μ_s = g_y − F_yᵀλ and λ'_R start the predictor), not the gradient.
 
 
-def _hidden_solve_t(terms, solver, split, rows, t, y, yp, p, rhs):
-    """(x, singular): C_hᵀ xᵢ = rhsᵢ (k, n) at (t, y, y'). Not differentiable, as
-    `_m_solve`."""
+def hidden_factor_t(terms, solver, split, rows, t, y, yp, p):
+    """(solve, singular): C_hᵀ factored once at (t, y, y'), solve(rhs) the xᵢ of
+    C_hᵀ xᵢ = rhsᵢ (k, n), and whether C_h is singular; shared by a restart's three
+    solves (`index2_jump`, `index2_restart_values`), as `m_factor`. Not
+    differentiable, as `m_factor`."""
     from .._index2 import hidden_residual
-    return consistency_solve(solver, hidden_residual(terms.F, rows), t, y, yp, p, split,
-                             rhs, transpose=True, differentiable=False)
+    return consistency_factor(solver, hidden_residual(terms.F, rows), t, y, yp, p, split,
+                              transpose=True, differentiable=False)
 
 
-def index2_jump(terms, solver, split, rows, t, y, yp, mu, yb, ypb, p):
+def index2_jump(terms, h, split, rows, t, y, yp, mu, yb, ypb, p):
     """μ_d(t⁻) before the consistency correction, μ_d(t⁺) + v, the parameter terms π and
-    whether C_h is singular, for an observation (ȳ, ȳ') at t (k rows; see above)."""
+    whether C_h is singular, for an observation (ȳ, ȳ') at t (k rows; see above). `h`:
+    C_hᵀ factored at (t, y, y') (`hidden_factor_t`)."""
     from .._index2 import hidden_residual
     R = hidden_residual(terms.F, rows)
-    omega, singular = _hidden_solve_t(terms, solver, split, rows, t, y, yp, p,
-                                      split.alg_t(yb) + split.diff_t(ypb))
+    h_solve, singular = h
+    omega = h_solve(split.alg_t(yb) + split.diff_t(ypb))
     _, vjp = jax.vjp(lambda y_, p_: R(t, y_, yp, p_), y, p)
     ry, rp = jax.vmap(vjp)(omega)
     return split.diff_t(mu) + split.diff_t(yb - ry), -rp, singular
 
 
-def index2_restart_values(terms, solver, split, rows, t, mu, w, evaluate, p):
+def index2_restart_values(terms, h, split, rows, t, mu, w, evaluate, p):
     """Consistent (Z, Z_s) of (A) at t for a Hessenberg index-2 DAE (see above) from the
     differential part of μ, the quadrature weights w and the forward solution
     `evaluate(t) = (y, y')`; with the parameter term g_pᵀκ of the correction of μ_d and
-    whether C_h is singular. Rows: directions."""
+    whether C_h is singular. Rows: directions. `h`: C_hᵀ factored at (t, y, y')
+    (`hidden_factor_t`)."""
     y, yp = evaluate(t)
     c = jnp.zeros(mu.shape[-1:], bool).at[jnp.asarray(rows)].set(True)
     gy, gyp, _ = terms.source(t, y, yp, w, p)
-    nu, singular = _hidden_solve_t(terms, solver, split, rows, t, y, yp, p,
-                                   split.alg_t(gy) + split.diff_t(mu + gyp))
+    h_solve, singular = h
+    nu = h_solve(split.alg_t(gy) + split.diff_t(mu + gyp))
     fy_c, _, fp_c = terms.f_transpose(t, y, yp, p, where(c, nu, 0.0))
     mu = split.diff_t(mu - fy_c) - split.alg_t(gyp)        # μ_d + g_xᵀκ, κ = −ν_C
     lam_hat = where(c, 0.0, nu)
@@ -607,13 +616,13 @@ def index2_restart_values(terms, solver, split, rows, t, mu, w, evaluate, p):
 
     (fy, _, gy, _), (dfy, dfyp, dgy, dgyp) = jax.jvp(along, (t,), (jnp.ones_like(t),))
     rhs = split.diff_t(fy - gy - dfyp + dgyp) + split.alg_t(dgy - dfy)
-    nu2, singular2 = _hidden_solve_t(terms, solver, split, rows, t, y, yp, p, rhs)
+    nu2 = h_solve(rhs)
     lam = lam_hat - where(c, nu2, 0.0)
     fy_lam, _, _ = terms.f_transpose(t, y, yp, p, lam)
     mu_s = gy - fy_lam
     lam_s = -where(c, 0.0, nu2)      # d/ds = −d/dt; λ_C's rate only starts a predictor
     flat = lambda u, v: jnp.concatenate([u, v], axis=1).reshape(-1)  # noqa: E731
-    return flat(mu, lam), flat(mu_s, lam_s), -fp_c, singular | singular2
+    return flat(mu, lam), flat(mu_s, lam_s), -fp_c, singular
 
 
 def index2_at_t0(config, inputs, split, y0, yp0, sbar, spbar, w, pbar, unravel, pd, p_events):
@@ -824,14 +833,16 @@ def observe(bw: _Backward, c: _Sweep) -> _Sweep:
         y, yp = c.buf.evaluate(t)
         split = bw.split(t, y, yp)
         if bw.index2:
-            mu, p_jump, singular = index2_jump(bw.terms, bw.solver, split, bw.index2, t, y, yp,
+            h = hidden_factor_t(bw.terms, bw.solver, split, bw.index2, t, y, yp, bw.p)
+            mu, p_jump, singular = index2_jump(bw.terms, h, split, bw.index2, t, y, yp,
                                                mu, yb, ypb, bw.p)
             Z, Zs, p_fix, singular2 = index2_restart_values(
-                bw.terms, bw.solver, split, bw.index2, t, mu, w, c.buf.evaluate, bw.p)
+                bw.terms, h, split, bw.index2, t, mu, w, c.buf.evaluate, bw.p)
             p_jump, singular = p_jump + p_fix, singular | singular2
         else:
-            mu, p_jump, singular = jump(bw.terms, bw.solver, split, t, y, yp, mu, yb, ypb, bw.p)
-            Z, Zs = restart_values(bw.terms, bw.solver, split, t, mu, w, y, yp, bw.p)
+            m = m_factor(bw.terms, bw.solver, split, t, y, yp, bw.p)
+            mu, p_jump, singular = jump(bw.terms, m, split, t, y, yp, mu, yb, ypb, bw.p)
+            Z, Zs = restart_values(bw.terms, m, split, t, mu, w, y, yp, bw.p)
         t_next = bw.next_time(c.t_low, obs, t)
         equations = split.algebraic_equations
         prob = bw.problem(c.buf, w, t, t_next, equations)   # s = t_r − t restarts at 0
@@ -1118,6 +1129,9 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
     # failed the discrete adjoint's), the switch at the end of a trip: a loop of passes
     # around the segment loop, with `finish` inside it, made XLA's while-loop passes
     # take several seconds more to compile the gradient (benchmarks/compile_profile.py).
+    # (`at_t0` in the switch's branch, carried out of the loop, would drop the separate
+    # singularity test: 24 kernels fewer in Robertson's `grad`, but XLA's while-loop
+    # passes grew by about as much time, XLA's CPU seconds no lower; 2026-11-29.)
     d0 = _Discrete(on=jnp.zeros((), bool), bars=zero_bars(sw, k, n), h1=jnp.ones((), dtype))
     c, d, singular_c = jax.lax.while_loop(
         lambda carry: outer_cond((carry[0], carry[1])),
@@ -1156,8 +1170,7 @@ def singular_at_t0(bw: _Backward, inputs, c: _Sweep):
     t0 = inputs.t0
     y_t0, yp_t0 = c.buf.evaluate(t0)
     split = bw.split(t0, y_t0, yp_t0)
-    _, singular = _m_solve(bw.terms, bw.solver, split, t0, y_t0, yp_t0, bw.p,
-                           jnp.zeros((1, bw.n), y_t0.dtype))
+    _, singular = m_factor(bw.terms, bw.solver, split, t0, y_t0, yp_t0, bw.p)
     return singular
 
 
@@ -1176,8 +1189,9 @@ def at_t0(bw: _Backward, config, inputs, c: _Sweep, unravel, pd, p_events):
         out = index2_at_t0(config, inputs, split, y_t0, yp_t0, split.diff_t(mu) + yb, ypb,
                            c.w + qb, pbar, unravel, pd, p_events)
         return out, jnp.zeros((), bool)
-    mu, p_jump, singular = jump(bw.terms, bw.solver, split, t0, y_t0, yp_t0, mu, yb, ypb,
-                                bw.p)
+    mu, p_jump, singular = jump(bw.terms, m_factor(bw.terms, bw.solver, split, t0, y_t0,
+                                                   yp_t0, bw.p),
+                                split, t0, y_t0, yp_t0, mu, yb, ypb, bw.p)
     pbar = pbar + p_jump
     w = c.w + qb
     ybar0, ypbar0, pbar = initial_value_cotangents(config, bw.terms, bw.solver, split, t0,
