@@ -359,6 +359,9 @@ def phase_of(stack) -> str:
     paths = [f for f, _, _ in stack]
     if not stack:
         return "copies XLA inserted (no source)"
+    if "_ops.py" in files and names & {"pack", "unpack"}:
+        # `_ops.packed_while_loop`: the carry's scalars into and out of their vectors.
+        return "packing the carry's scalars"
     if names & {"write_outputs", "write_output_rows"}:
         return "output writing"
     if "_events.py" in files:
@@ -451,7 +454,9 @@ def model_copies(prog: Program) -> int:
 def loop_name(prog: Program, sf) -> str:
     """A while/conditional named by the innermost daeadjoint function issuing it."""
     stack = prog.funcs(sf)
-    names = [_short(fn) for f, fn, _ in stack if _is_lib(f)]
+    # Not the frames of `_ops.packed_while_loop` / `packed_cond`, which issue the loops
+    # for their callers.
+    names = [_short(fn) for f, fn, _ in stack if _is_lib(f) and not f.endswith("_ops.py")]
     if not names:
         return "?"
     head = names[0]
