@@ -33,7 +33,7 @@ from ._integrator import (CheckpointRecorder, DenseRecorder, Outputs, Problem, S
                           initial_state, initial_step, integrate)
 from ._ops import where
 from ._linalg.linear_solver import (AbstractLinearSolver, DenseLU, factored_is_singular,
-                                    masked_residual)
+                                    gauss_jordan_step, masked_residual, row_scaling)
 from ._results import RESULTS
 
 
@@ -287,8 +287,7 @@ def _dense_correction(residual, t, y, yp, args, split, f):
     fn = masked_residual(residual, y, yp, split)
     C = jax.jacfwd(lambda v: fn(t, v, None, args))(jnp.zeros_like(y))
     n = C.shape[0]
-    rownorm = jnp.max(jnp.abs(C), axis=1)
-    d = 1.0 / where(rownorm > 0, rownorm, 1.0)
+    d = row_scaling(C)
     # [D C | D f]: each column step makes column j a unit vector and carries out the
     # same row operations on D f, which ends as C⁻¹ f.
     m = jax.lax.concatenate([C * d[:, None], (d * f)[:, None]], 1)
@@ -301,13 +300,7 @@ def _dense_correction(residual, t, y, yp, args, split, f):
         # `factor`'s pivot search); rows above j are out of the running.
         p = jnp.argmax(where(rows >= j, col, -1.0)).astype(jnp.int32)
         rp = jax.lax.dynamic_index_in_dim(m, p, 0, keepdims=False)
-        rj = jax.lax.dynamic_index_in_dim(m, j, 0, keepdims=False)
-        piv = jax.lax.dynamic_index_in_dim(rp, j, 0, keepdims=False)
-        at = rows[:, None]
-        m = where(at == j, rp / piv, where(at == p, rj, m))
-        mj = jax.lax.dynamic_index_in_dim(m, j, 1, keepdims=False)
-        mrow = jax.lax.dynamic_index_in_dim(m, j, 0, keepdims=False)
-        m = m - where(rows == j, 0.0, mj)[:, None] * mrow[None, :]
+        m, piv = gauss_jordan_step(m, j, p, rp)
         return m, jax.lax.dynamic_update_index_in_dim(pivots, piv, j, 0)
 
     m, pivots = jax.lax.fori_loop(0, n, column, (m, jnp.zeros((n,), C.dtype)))

@@ -263,8 +263,7 @@ def factor(matrix: Float[Array, "n n"]):
       vectorized arithmetic (a batch of small LAPACK solves costs a library call per
       member on a CPU, the mat-vec one vectorized operation).
     - otherwise: LU through lineax (O(n²) triangular solves)."""
-    rownorm = jnp.max(jnp.abs(matrix), axis=1)
-    d = 1.0 / where(rownorm > 0, rownorm, 1.0)
+    d = row_scaling(matrix)
     scaled = matrix * d[:, None]
     n = matrix.shape[0]
     if n <= SMALL_N:
@@ -279,8 +278,6 @@ def _gauss_jordan_inverse(a):
     """Inverse and the pivots (= U's diagonal of LU with partial pivoting)."""
     n = a.shape[0]
     m = jnp.concatenate([a, jnp.eye(n, dtype=a.dtype)], axis=1)
-    rows = jnp.arange(n)
-    at = rows[:, None]
     pivots = []
     for j in range(n):
         # p = argmax_{i ≥ j} |m_ij| (the first of equals; a NaN counts as the largest, as
@@ -288,20 +285,39 @@ def _gauss_jordan_inverse(a):
         # argmax and a gather are operations of their own (under `vmap`, of every
         # batched Newton iteration that sets J up).
         col = jnp.abs(m[:, j])
-        p, best, rp = jnp.asarray(j, rows.dtype), col[j], m[j]
+        p, best, rp = jnp.asarray(j, jnp.int32), col[j], m[j]
         for i in range(j + 1, n):
             take = (col[i] > best) | (jnp.isnan(col[i]) & ~jnp.isnan(best))
             p = where(take, i, p)
             best = where(take, col[i], best)
             rp = where(take, m[i], rp)
-        rj = m[j]
-        # Rows p and j swapped and row j divided by the pivot, by selects: elementwise
-        # (one fused operation, fewer instructions to compile than row updates).
-        piv = rp[j]
+        m, piv = gauss_jordan_step(m, j, p, rp)
         pivots.append(piv)
-        m = where(at == j, rp / piv, where(at == p, rj, m))
-        m = m - where(rows == j, 0.0, m[:, j])[:, None] * m[j][None, :]
     return m[:, n:], jnp.stack(pivots)
+
+
+def row_scaling(matrix):
+    """D = diag(1/‖row_i‖∞) (1 for a zero row): D·matrix has rows of unit max-norm."""
+    rownorm = jnp.max(jnp.abs(matrix), axis=1)
+    return 1.0 / where(rownorm > 0, rownorm, 1.0)
+
+
+def gauss_jordan_step(m, j, p, rp):
+    """One column step of Gauss–Jordan elimination on m (n, ·) with partial pivoting:
+    rows p and j swapped (`rp` is row p), row j divided by the pivot, column j
+    eliminated from the other rows — by selects, elementwise (one fused operation,
+    fewer instructions to compile than row updates). `j` a Python int (unrolled over
+    the columns) or a traced one (in a loop). Returns (m, the pivot)."""
+    def take(x, axis):
+        if isinstance(j, int):
+            return x[j] if axis == 0 else x[:, j]
+        return jax.lax.dynamic_index_in_dim(x, j, axis, keepdims=False)
+
+    rows = jax.lax.broadcasted_iota(jnp.int32, (m.shape[0],), 0)
+    rj, piv = take(m, 0), take(rp, 0)
+    m = where(rows[:, None] == j, rp / piv, where(rows[:, None] == p, rj, m))
+    m = m - where(rows == j, 0.0, take(m, 1))[:, None] * take(m, 0)[None, :]
+    return m, piv
 
 
 def factored_solve(state, rhs, transpose: bool = False):
