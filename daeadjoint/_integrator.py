@@ -1077,10 +1077,8 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
     order = out.yd.shape[1] - 1
     block = min(OUTPUT_BLOCK, n_save)
 
-    def loop(s):
-        """The block loop's (condition, body) for the state s."""
-        limit = s.t if t_limit is None else jnp.minimum(s.t, t_limit)
-        return functools.partial(due, limit), functools.partial(write_block, s, limit)
+    def limit_of(s):
+        return s.t if t_limit is None else jnp.minimum(s.t, t_limit)
 
     def due(limit, o):
         return passed & (o.index < n_save) & (row(o.ts, o.index) <= limit)
@@ -1118,10 +1116,11 @@ def write_outputs(s: State, out: Outputs, t_limit=None, passed=True) -> Outputs:
     # are due.
     # The state goes into the branch packed (`packed_cond`), as `integrate`'s loops carry it.
     def written(s_):
-        cond, body = loop(s_)
-        return jax.lax.while_loop(cond, body, out)
+        limit = limit_of(s_)
+        return jax.lax.while_loop(functools.partial(due, limit),
+                                  functools.partial(write_block, s_, limit), out)
 
-    return packed_cond(unvmap_any(loop(s)[0](out)), written, lambda s_: out, s)
+    return packed_cond(unvmap_any(due(limit_of(s), out)), written, lambda s_: out, s)
 
 
 def integrate(problem: Problem, state: State, outputs: Outputs, t_end, max_steps: int,
