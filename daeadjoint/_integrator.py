@@ -38,7 +38,7 @@ from ._derivatives.forward_sensitivity import (SensitivityProblem, quadrature_se
                                                sensitivity_corrector)
 from ._initialization import violated
 from ._jax_internals import is_batched, unvmap_any, unvmap_max
-from ._ops import packed_cond, packed_while_loop, row, where
+from ._ops import packed_cond, packed_while_loop, row, taken_where, where
 from ._newton import (EPS_NEWT, FAIL_LINEAR, FAIL_NONFINITE, FAIL_SINGULAR, NewtonResult,
                       _builds_from_residual, idle_iteration, maybe_update, newton_solve, setup_linear,
                       tree_where)
@@ -1253,8 +1253,8 @@ def _search_events(problem: Problem, s: State, ev: EventState | None, passed):
         return ev
     order = ev.yd.shape[1] - 2
     return jax.lax.cond(unvmap_any(passed),
-                        lambda: tree_where(passed, search_step(problem.event, problem.args,
-                                                               s, ev, order), ev),
+                        lambda: taken_where(passed, search_step(problem.event, problem.args,
+                                                                s, ev, order), ev),
                         lambda: ev)
 
 

@@ -98,6 +98,19 @@ Not here: the names `jax.core` still exports as public (`ShapedArray`, `Tracer`,
    (`tests/test_jax_internals.py` compares the jaxprs of both rules), only slower to
    build. If JAX changes the rule's calling convention or the helpers it uses, batched
    solves fail to trace; that test fails first.
+9. **A select that only a batch needs** (`taken_select`, a primitive with the API of
+   item 7 and `jax.interpreters.batching.fancy_primitive_batchers`): `where(pred, new,
+   old)` in code that runs only where `unvmap_any(pred)` holds — the branch of a
+   `lax.cond`, or the one trip of a loop, on that predicate. Unbatched the branch runs
+   only when pred is true, so the select is the identity and the primitive is `new`;
+   its batching rule, run whenever a `vmap` batches pred — while the solve is traced
+   or afterwards (`jax.vmap(jax.jit(f))`, which `is_batched` cannot see) —, is the
+   select that keeps the members whose pred is false as they were. Without it every
+   such branch carries selects that XLA cannot drop (they are kernels of the compiled
+   program: ~60 in Robertson's gradient), or the solver would have to decide at trace
+   time, wrongly for a batch applied later. If JAX changes the rule tables, the
+   primitive fails to trace or batch; `tests/test_jax_internals.py` checks it under
+   `jit`, `vmap`, `vmap` of `jit`, `jvp` and `vjp`.
 """
 
 import functools
@@ -146,6 +159,8 @@ __all__ = [
     "Primitive", "ad", "batching", "mlir", "UndefinedPrimal",
     # 8.
     "batched_loops",
+    # 9.
+    "taken_select",
 ]
 
 # ------------------------------------------------------- 1. filtered primitives
@@ -418,3 +433,72 @@ def batched_loops(fn):
         finally:
             _scope.depth -= 1
     return wrapper
+
+
+# ------------------------------------------------- 9. a select only a batch needs
+
+_taken_select_p = jax.extend.core.Primitive("daeadjoint_taken_select")
+
+
+def taken_select(pred, new, old):
+    """`lax.select(pred, new, old)` (pred a boolean scalar or of new's shape; new and
+    old of one shape and dtype) where the code runs only where `unvmap_any(pred)` is
+    true: `new` unbatched, the select under `vmap` (item 9)."""
+    return _taken_select_p.bind(pred, new, old)
+
+
+def _taken_select_abstract(pred, new, old):
+    if (new.shape != old.shape or new.dtype != old.dtype or pred.dtype != bool
+            or pred.shape not in ((), new.shape)):
+        raise TypeError(f"taken_select of {pred}, {new}, {old}: pred must be a boolean "
+                        "scalar or of the operands' shape, and the operands alike")
+    return new
+
+
+def _taken_select_batched(axis_data, args, dims):
+    """Batched: pred batched selects per member; pred unbatched is true (the code runs
+    only where unvmap_any(pred) is), so the result is `new`, batched like the carry it
+    replaces."""
+    pred, new, old = args
+    pd, nd, od = dims
+    size, mesh_axis = axis_data.size, axis_data.explicit_mesh_axis
+    if pd is None:
+        if od is None:
+            return new, nd
+        return _batching.bdim_at_front(new, nd, size, mesh_axis), 0
+    new = _batching.bdim_at_front(new, nd, size, mesh_axis)
+    old = _batching.bdim_at_front(old, od, size, mesh_axis)
+    pred = _batching.moveaxis(pred, pd, 0)
+    if pred.shape != new.shape:
+        pred = jax.lax.broadcast_in_dim(pred, new.shape, tuple(range(pred.ndim)))
+    return jax.lax.select(pred, new, old), 0
+
+
+def _taken_select_jvp(primals, tangents):
+    pred, new, old = primals
+    _, dnew, dold = tangents
+    out = _taken_select_p.bind(pred, new, old)
+    if type(dnew) is ad.Zero and type(dold) is ad.Zero:
+        return out, ad.Zero.from_primal_value(out)
+    return out, _taken_select_p.bind(pred, ad.instantiate_zeros(dnew),
+                                     ad.instantiate_zeros(dold))
+
+
+def _taken_select_transpose(ct, pred, new, old):
+    if ad.is_undefined_primal(pred):     # pragma: no cover - a boolean has no tangent
+        raise ValueError("taken_select is not linear in its predicate")
+    if type(ct) is ad.Zero:
+        return [None, ad.Zero(new.aval) if ad.is_undefined_primal(new) else None,
+                ad.Zero(old.aval) if ad.is_undefined_primal(old) else None]
+    zero = jax.numpy.zeros_like(ct)
+    return [None,
+            _taken_select_p.bind(pred, ct, zero) if ad.is_undefined_primal(new) else None,
+            _taken_select_p.bind(pred, zero, ct) if ad.is_undefined_primal(old) else None]
+
+
+_taken_select_p.def_impl(lambda pred, new, old: new)
+_taken_select_p.def_abstract_eval(_taken_select_abstract)
+mlir.register_lowering(_taken_select_p, lambda ctx, pred, new, old: [new])
+batching.fancy_primitive_batchers[_taken_select_p] = _taken_select_batched
+ad.primitive_jvps[_taken_select_p] = _taken_select_jvp
+ad.primitive_transposes[_taken_select_p] = _taken_select_transpose

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from ._bdf import wrms
 from ._jax_internals import unvmap_any
-from ._ops import packed_while_loop, tree_where, where
+from ._ops import packed_while_loop, taken_where, tree_where, where
 
 EPS_NEWT = 0.33           # IDAS epcon: Newton tolerance relative to the error test
 TOLDEL = 1e-4 * EPS_NEWT  # IDAS toldel
@@ -44,8 +44,10 @@ def maybe_update(pred, update, operand, pass_operand: bool = False, selects: boo
     carry through in place. For the factorization in the Newton loop (O(n·b²), 2.4 MB
     at n = 1764) the copies cost a quarter of the forward solve. Under `vmap` the loop
     runs once if any member needs the update and the others keep `operand` by a
-    `where`: one shared predicate keeps it a real loop (with a batched predicate JAX's
-    batched loop selects the whole carry on every trip, which slows vmapped solves).
+    select (`taken_where`: unbatched the trip runs only where `pred` holds, and there is
+    no select): one shared predicate keeps it a real loop (with a batched predicate
+    JAX's batched loop selects the whole carry on every trip, which slows vmapped
+    solves).
 
     `update` may take the operand as its argument (`pass_operand`): reading it from the
     loop's carry rather than from a closure lets XLA update it in place (a value both
@@ -56,7 +58,7 @@ def maybe_update(pred, update, operand, pass_operand: bool = False, selects: boo
     leaves the others' factors in place): no `where` here, which would copy them."""
     def body(c):
         new = update(c[1]) if pass_operand else update()
-        return jnp.zeros_like(c[0]), new if selects else tree_where(pred, new, c[1])
+        return jnp.zeros_like(c[0]), new if selects else taken_where(pred, new, c[1])
 
     return jax.lax.while_loop(lambda c: c[0], body, (unvmap_any(pred), operand))[1]
 
@@ -217,7 +219,7 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
             if mask_probe is not None:
                 mask = operand[-1]
                 new = new + (mask | depends_on_yp(residual, t, y_s, yp_s, args, mask_probe),)
-            return (lin_new,) + tree_where(do_setup, new, operand[1:])
+            return (lin_new,) + taken_where(do_setup, new, operand[1:])
 
         # Everything that changes only with a setup is computed in its one-trip loop
         # (not selected on every iteration: each select is an operation of the

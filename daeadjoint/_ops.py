@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._jax_internals import is_batched
+from ._jax_internals import is_batched, taken_select
 
 
 def _array(x) -> bool:
@@ -88,6 +88,23 @@ def where(pred, x, y):
 def tree_where(pred, a, b):
     """`where` leaf by leaf over two pytrees of one structure."""
     return jax.tree_util.tree_map(lambda x, y: where(pred, x, y), a, b)
+
+
+def taken_where(pred, new, old):
+    """`where(pred, new, old)` in code that runs only where `unvmap_any(pred)` holds (a
+    branch or one-trip loop on that predicate): unbatched the branch runs only when
+    pred is true, so this is `new` and compiles to nothing; under `vmap` — applied while
+    tracing or to the traced program later — it is the select
+    (`_jax_internals.taken_select`). Leaves that would need `where`'s promotions or
+    broadcasting take `where`."""
+    def leaf(x, y):
+        if (_array(pred) and pred.dtype == jnp.bool_ and _array(x) and _array(y)
+                and x.shape == y.shape and x.dtype == y.dtype
+                and x.weak_type == y.weak_type and pred.shape in ((), x.shape)):
+            return taken_select(pred, x, y)
+        return where(pred, x, y)
+
+    return jax.tree_util.tree_map(leaf, new, old)
 
 
 def row(x, i):

@@ -351,3 +351,49 @@ def test_while_batching_rule_batches_bodies_fewer_times(monkeypatch):
     # The outer body's ~70 operations batched once instead of three times (`_nested`);
     # the inner loops' bodies are small, their predicate tests cost a few more.
     assert ours < 0.6 * jaxs, (ours, jaxs)
+
+
+def _taken(x, pred):
+    """x + 1 where pred, as a branch taken only where `unvmap_any(pred)` holds, the
+    select by `taken_select`."""
+    return jax.lax.cond(ji.unvmap_any(pred),
+                        lambda: ji.taken_select(pred, jnp.sin(x) + 1.0, x), lambda: x)
+
+
+def test_taken_select_is_the_identity_unbatched_and_a_select_in_a_batch():
+    x = jnp.array([0.3, -1.2, 2.0])
+    pred = jnp.array([True, False, True])
+    want = np.where(pred, np.sin(x) + 1.0, x)
+    # Unbatched the branch runs only where pred holds: no select in the program.
+    for p, w in ((True, np.sin(0.3) + 1.0), (False, 0.3)):
+        assert np.array_equal(jax.jit(_taken)(x[0], jnp.asarray(p)), w)
+    assert "select" not in str(jax.jit(_taken).lower(x[0], jnp.asarray(True)).as_text())
+    # Batched while tracing, and batched after tracing (`vmap` of a traced `jit`, which
+    # the solver's `is_batched` cannot see): the select per member.
+    for f in (jax.vmap(_taken), jax.jit(jax.vmap(_taken)), jax.vmap(jax.jit(_taken)),
+              jax.jit(jax.vmap(jax.jit(_taken)))):
+        assert np.array_equal(f(x, pred), want)
+    # An unbatched predicate with a batched operand (pred shared by the members).
+    assert np.array_equal(jax.vmap(_taken, in_axes=(0, None))(x, jnp.asarray(False)), x)
+    assert np.array_equal(jax.vmap(_taken, in_axes=(0, None))(x, jnp.asarray(True)),
+                          np.sin(x) + 1.0)
+    # Derivatives: d/dx is cos(x) where pred, 1 elsewhere — by jvp, vjp, under vmap.
+    dwant = np.where(pred, np.cos(x), 1.0)
+    for d in (jax.vmap(jax.grad(_taken)), jax.jit(jax.vmap(jax.grad(_taken))),
+              jax.vmap(lambda a, b: jax.jvp(lambda y: _taken(y, b), (a,), (1.0,))[1])):
+        np.testing.assert_allclose(d(x, pred), dwant, rtol=1e-15)
+
+
+def test_taken_select_without_its_batching_select_fails(monkeypatch):
+    # The mutation the test above must catch: a batching rule that drops the select
+    # (what deciding "unbatched" at trace time does to `jax.vmap(jax.jit(f))`).
+    x, pred = jnp.array([0.3, -1.2, 2.0]), jnp.array([True, False, True])
+    prim = ji._taken_select_p
+    rule = ji.batching.fancy_primitive_batchers[prim]
+
+    def dropped(axis_data, args, dims):
+        return rule(axis_data, (jnp.ones_like(args[0]),) + tuple(args[1:]), dims)
+
+    monkeypatch.setitem(ji.batching.fancy_primitive_batchers, prim, dropped)
+    got = jax.vmap(jax.jit(lambda a, b: _taken(a, b)))(x, pred)   # a new function: no cache
+    assert not np.array_equal(got, np.where(pred, np.sin(x) + 1.0, x))

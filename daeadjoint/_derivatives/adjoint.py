@@ -69,8 +69,8 @@ from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder
                            StepRecorder, _write_slot, hermite, initial_state, initial_step,
                            integrate, restore_linear_state, segment_capacity)
 from .._linalg.linear_solver import AbstractLinearSolver
-from .._newton import maybe_update, tree_where
-from .._ops import packed_while_loop, where
+from .._newton import maybe_update
+from .._ops import packed_while_loop, taken_where, where
 from .._results import RESULTS, runtime_errors_raise, succeeded
 from .discrete_adjoint import (DiscreteAdjoint, discrete_segment, initial_value_tangents,
                                replayed_steps, sweep_setup, zero_bars)
@@ -851,7 +851,7 @@ def observe(bw: _Backward, c: _Sweep) -> _Sweep:
         fresh = initial_state(prob, s0, Z, Zs, h0)
         steps = c.adj_steps + where(c.started, adj_old.stats["num_steps"], 0)
         new = (fresh, w, c.pbar + banked + p_jump, steps, t, equations, singular)
-        return tree_where(jumps, new, old + (jnp.zeros((), bool),))
+        return taken_where(jumps, new, old + (jnp.zeros((), bool),))
 
     adj, w, pbar, steps, t_r, equations, singular = jax.lax.cond(
         unvmap_any(jumps), do_restart, lambda: old + (jnp.zeros((), bool),))
@@ -956,8 +956,9 @@ def integrate_segment(bw: _Backward, c: _Sweep, max_steps: int) -> _Sweep:
                                  c.adj, empty, t_r - t_next, max_steps)
         ok = c.ok & (adj.result == RESULTS.successful)
         # After a singular restart (c.ok already false) the attempt's result is dropped.
-        return c._replace(adj=tree_where(c.ok, adj, c.adj), started=jnp.ones((), bool),
-                          t_cur=where(c.ok, t_next, c.t_cur), ok=ok)
+        # The body runs only where c.ok (the loop's predicate): a select only a batch needs.
+        return c._replace(adj=taken_where(c.ok, adj, c.adj), started=jnp.ones((), bool),
+                          t_cur=taken_where(c.ok, t_next, c.t_cur), ok=ok)
 
     return jax.lax.while_loop(cond, body, c)
 
@@ -1121,7 +1122,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
 
         no = (jnp.zeros((), bool), singular_c)
         failed, singular = jax.lax.cond(unvmap_any(ended),
-                                        lambda: tree_where(ended, check(), no), lambda: no)
+                                        lambda: taken_where(ended, check(), no), lambda: no)
         c = c._replace(segment=where(failed, carry0.segment, c.segment), ok=c.ok | failed)
         return c, d._replace(on=d.on | failed), singular
 
@@ -1153,7 +1154,7 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
             # calls and ~750 slicing kernels more in `vmap(grad)`'s program).
             jax.debug.callback(_warn_fallback, unvmap_any(d.on), unvmap_all(~d.on | c.ok),
                                unvmap_any(d.on & singular))
-        return (tree_where(d.on, out_d, out),
+        return (taken_where(d.on, out_d, out),
                 RESULTS.where(d.on, RESULTS.where(c.ok, RESULTS.successful,
                                                   RESULTS.adjoint_failed), result))
 

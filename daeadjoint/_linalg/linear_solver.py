@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import lineax as lx
 from jaxtyping import Array, Bool, Float
 
-from .._ops import where
+from .._ops import taken_where, where
 
 
 class AbstractLinearSolver(eqx.Module):
@@ -48,8 +48,10 @@ class AbstractLinearSolver(eqx.Module):
       `RESULTS.singular_matrix` (index > 1, or algebraic equations that do not determine
       the algebraic variables).
     - `setup_where(pred, state, residual, t, y, yp, cj, args) -> state` (optional):
-      `setup` where `pred`, else `state`; the Newton iteration's refresh. Default: set up
-      and select; a batched kernel may set up only the members with `pred`.
+      `setup` where `pred`, else `state`; the Newton iteration's refresh, called only
+      where `unvmap_any(pred)` holds (unbatched, pred is true). Default: set up and
+      select (a select only under `vmap`, `_ops.taken_where`); a batched kernel may set
+      up only the members with `pred`.
     - `solve_where(pred, state, rhs, ...) -> (x, stats)` (optional): `solve` where `pred`,
       elsewhere unspecified; the batched Newton iteration's solve. Default: `solve`.
     - `solve_failed(stats) -> bool`: whether the solve that returned `stats` missed its
@@ -97,9 +99,11 @@ class AbstractLinearSolver(eqx.Module):
         """`setup(residual, t, y, yp, cj, args)` where `pred`, else `state` — the
         refresh of the Newton iteration. Under `vmap` `pred` is per member and a solver
         may set up only the members that need it (the LAPACK band kernel factorizes only
-        those, `SparseLU`/`BandedLU`); this default sets up every member and selects."""
+        those, `SparseLU`/`BandedLU`); this default sets up every member and selects.
+        Called only where `unvmap_any(pred)` holds (`newton_solve`'s refresh), so the
+        select is needed only under `vmap` (`taken_where`)."""
         new = self.setup(residual, t, y, yp, cj, args)
-        return jax.tree_util.tree_map(lambda a, b: where(pred, a, b), new, state)
+        return taken_where(pred, new, state)
 
     def solve_where(self, pred, state, rhs, *, transpose: bool = False, weights=None,
                     operator=None):
