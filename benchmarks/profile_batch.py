@@ -22,7 +22,12 @@ What is measured and how
 3. **Time per phase (rough)**: the same trace's thunk events summed by phase. The
    profiler adds ~0.2–1 µs to every event (on this 2-core machine under load), so
    phases of many cheap thunks look dearer than they are; the ranking of single
-   expensive thunks (the `--top` list, with their HLO) is what it is for. The whole
+   expensive thunks (the `--top` list, with their HLO) is what it is for. Beside
+   it, each phase's operations per trip (`element_operations`: a thunk's result
+   values times the operations fused into it, weighted by its runs): static, so
+   steadier than the profiled µs, and it shows what XLA recomputes (values fused into
+   several consumers count in each) — but operations differ in cost.
+   The whole
    run's wall and process (CPU) time are measured without the profiler, median of
    `--repeats` runs.
 """
@@ -58,6 +63,44 @@ import problems  # noqa: E402
 import profile_step as ps  # noqa: E402
 
 NESTED = ("while", "conditional", "call")
+
+
+# Instructions of a fused computation that compute nothing per value (index arithmetic
+# or data movement the fusion's loop folds into its reads).
+_INDEXING = {"broadcast", "iota", "slice", "reshape", "copy", "transpose", "bitcast",
+             "parameter", "constant", "get-tuple-element", "tuple"}
+_ARRAY = re.compile(r"^\s*(?:ROOT )?%(\S+) = \w+\[([\d,]*)\]")
+
+
+def element_operations(prog: ps.Program) -> dict:
+    """HLO instruction name -> the operations it computes per run: its result's values
+    times the computing instructions of its fused computation (a loop fusion evaluates
+    its whole expression for each value of its result: what XLA fused into several
+    consumers is computed by each, for each of their values). Static and exact, unlike
+    the profiled µs; on the batched trip, whose time grows with the members (~0.2 µs
+    per 256-value fusion when idle, ~0.7 µs more per member), its best measure of work.
+    Rough where a fusion concatenates: each value computes one operand's expression,
+    counted here as all of them. Not a time: per operation, fusions differ by 20x
+    (Robertson, 256 members, profiled: the Gauss–Jordan setup's index compares and
+    selects over (256, 3, 6), ~110 000 operations in ~3 µs; the Newton iteration's
+    select of its (256, 3) iterate with the boolean logic of its status fused in,
+    ~50 000 in ~9 µs). Instructions with a tuple result (multi-output fusions) are
+    left out."""
+    fused = {}
+    for comp, instrs in prog.comps.items():
+        fused[comp] = sum(op not in _INDEXING for op, _, _ in instrs)
+    out = {}
+    for line in prog.text.splitlines():
+        m = _ARRAY.match(line)
+        if not m:
+            continue
+        values = int(np.prod([int(d) for d in m.group(2).split(",") if d]))
+        op, rest = ps._opcode(line[line.index(" = ") + 3:])
+        if op in _INDEXING or op in NESTED:
+            continue
+        called = re.search(r"calls=%([\w.\-]+)", rest)
+        out[m.group(1)] = values * (fused.get(called.group(1), 1) if called else 1)
+    return out
 
 
 def instruction_phases(prog: ps.Program) -> dict:
@@ -159,13 +202,15 @@ def profile(label, fn, x, repeats, top):
     runs = Counter(n for n, _ in events)
     trips = {k: max((runs[n] for n in v), default=0) for k, v in loops.items()}
     trips["step loop"] = min((runs[n] for n in loops.get("trip", ()) if runs[n]), default=0)
-    by_phase, count, per_instr = Counter(), Counter(), Counter()
+    work = element_operations(prog)
+    by_phase, count, per_instr, ops = Counter(), Counter(), Counter(), Counter()
     for name, dur in events:
         if name not in phases or phases[name][0] in NESTED:
             continue
         by_phase[phases[name][1]] += dur
         count[phases[name][1]] += 1
         per_instr[name] += dur
+        ops[phases[name][1]] += work.get(name, 0)
     ynn = sum(1 for op, _, rest, _ in phases.values() if "__ynn_fusion" in rest)
     st = trips.get("step loop", 0)
     print(f"\n## {label}\n")
@@ -190,19 +235,22 @@ def profile(label, fn, x, repeats, top):
               f"{tot['per Newton iteration']} per Newton iteration, "
               f"{tot['when taken'] + tot['per Newton iteration, when taken']} when taken")
     total = sum(by_phase.values())
-    print("\n| phase | thunks run per trip | µs per trip (profiled) | share |")
-    print("|---|---|---|---|")
+    total_ops = sum(ops.values())
+    print("\n| phase | thunks run per trip | µs per trip (profiled) | share | "
+          "operations per trip (`element_operations`) | share |")
+    print("|---|---|---|---|---|---|")
     for k, v in by_phase.most_common():
         if v < 0.002 * total:
             continue
         print(f"| {k} | {count[k] / max(st, 1):.1f} | {v / 1e3 / max(st, 1):.1f} | "
-              f"{100 * v / total:.0f} % |")
+              f"{100 * v / total:.0f} % | {ops[k] / max(st, 1):.0f} | "
+              f"{100 * ops[k] / max(total_ops, 1):.0f} % |")
     if top:
         print(f"\nthe {top} dearest thunks (µs per run, profiled):\n")
         for name, v in per_instr.most_common(top):
             _, phase, rest, stack = phases[name]
             print(f"- {name} ({phase}; {where(stack)}): {v / 1e3 / runs[name]:.2f} µs × "
-                  f"{runs[name]} — {rest[:80]}")
+                  f"{runs[name]}, {work.get(name, 0)} operations — {rest[:80]}")
 
 
 def main():

@@ -325,11 +325,12 @@ def _is_lib(path: str) -> bool:
 
 @functools.cache
 def _attempt_sections() -> list[tuple[int, str]]:
-    """(first line, section) of `attempt_step`, from its '# --- name' comments."""
+    """(first line, section) of `attempt_step_part` (which `attempt_step` calls, and
+    the batched step loop directly), from its '# --- name' comments."""
     src = Path(_integrator.__file__).read_text().splitlines()
     tree = ast.parse("\n".join(src))
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
-              and n.name == "attempt_step")
+              and n.name == "attempt_step_part")
     names = {"newton": "Newton (control)", "corrector": "Newton (control)",
              "quadratures": "quadratures",
              "forward sensitivities": "sensitivity hook", "local error test": "error test",
@@ -344,6 +345,13 @@ def _attempt_sections() -> list[tuple[int, str]]:
             label = next((v for k, v in names.items() if key.startswith(k)), key)
             out.append((i, label))
     return out
+
+
+# A step attempt's functions: `attempt_step`, or `attempt_step_part`, which it calls and
+# which the batched step loop (`_integrate_flat`) calls directly. Matching the first
+# alone put everything of a batched attempt outside the predictor and the Newton
+# iteration under "loop control" (`_integrate_flat`'s).
+ATTEMPT = {"attempt_step", "attempt_step_part"}
 
 
 def _short(fn: str) -> str:
@@ -369,7 +377,7 @@ def phase_of(stack) -> str:
     if "forward_sensitivity.py" in files:
         return "sensitivity hook"
     if names & {"_write_step", "_write_slot"} or (
-            "record" in names and "attempt_step" not in names):
+            "record" in names and not names & ATTEMPT):
         return "recorders (checkpoints, step buffers)"
     if "restart_at_breakpoint" in names:
         return "breakpoint restart"
@@ -388,7 +396,7 @@ def phase_of(stack) -> str:
         return "history update"
     # The parts of an attempt by the function computing them (the sections of
     # `attempt_step` are coarser).
-    in_attempt = "attempt_step" in names
+    in_attempt = bool(names & ATTEMPT)
     if in_attempt and names & {"error_test", "error_norm"}:
         return "error test"
     if in_attempt and "select_order_and_step" in names:
@@ -402,12 +410,23 @@ def phase_of(stack) -> str:
     if names & {"set_coefficients", "scale_history", "predict"}:
         return "predictor"
     for f, fn, line in stack:
-        if _short(fn) == "attempt_step" and f.endswith("_integrator.py"):
+        if _short(fn) in ATTEMPT and f.endswith("_integrator.py"):
             label = "predictor"
             for start, sec in _attempt_sections():
                 if line >= start:
                     label = sec
             return label
+    if "_integrate_flat" in names and names & {"tree_where", "stacked"}:
+        # The batched loop's select of the attempt's state or the one it kept (members
+        # done or with a Newton iteration pending), into which XLA fuses the attempt's
+        # own select of the accepted or rejected state and most of what feeds it.
+        return "state assembly and select"
+    if "_closures.py" in files and "flat_fn" in names:
+        # A function traced once and replayed from its jaxpr (`_closures._record`: the
+        # residual): the stack is that of its first trace.
+        return "residual evaluation"
+    if "_step_status" in names:
+        return "counters and status"
     if names & {"step_body", "step_cond", "_integrate_flat"}:
         return "loop control"
     return "other: " + next((_short(fn) for f, fn, _ in stack if _is_lib(f)), stack[0][1])
@@ -423,7 +442,7 @@ def region_of(stack) -> str:
         return "no source"
     names = {_short(fn) for f, fn, _ in stack if _is_lib(f)}
     files = {Path(f).name for f, _, _ in stack if _is_lib(f)}
-    if "attempt_step" in names:
+    if names & ATTEMPT:
         if "replay_segment" in names:
             return "replay steps"
         if "adjoint.py" in files or "discrete_adjoint.py" in files:
