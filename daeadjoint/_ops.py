@@ -114,10 +114,11 @@ def _packing(tree, part=None):
     a dtype. `pack` maps a tree of `tree`'s structure to (the other leaves, the vectors),
     `unpack` back: pure data movement, bit for bit.
 
-    A dtype's scalars make one vector of at most `_PACK_MAX` (8) elements, more of them
-    several vectors of balanced lengths: a vector is one `concatenate` of its scalars,
-    and XLA's CPU fusion does not fuse a concatenate of more than 8 operands (it would
-    select among them by a branch tree). Unfused, the concatenate is a thunk of its own
+    Up to `_PACK_MAX` (8) scalars of a dtype make one vector, more make several of
+    balanced lengths: a vector is one `concatenate` of its scalars, and XLA's CPU fusion
+    does not fuse a concatenate of more than 8 operands (it would select among them by a
+    branch tree; a concatenate of shorter concatenates is merged back into one by XLA's
+    simplifier first). Unfused, the concatenate is a thunk of its own
     and each operand (the select that keeps or replaces the scalar, the slice of the
     Newton loop's result) a small kernel of its own; within the limit they are all one
     loop fusion. Robertson's State has 9 f64 scalars: as vectors of 4 and 5 the forward
@@ -169,7 +170,7 @@ def _packing(tree, part=None):
 
 def packed_while_loop(cond_fun, body_fun, init, part=None):
     """`lax.while_loop` with the carry's scalars (of `init[part]` only, if given) packed
-    into one vector per dtype.
+    into vectors by dtype (`_packing`: at most 8 scalars a vector).
 
     Each array of a loop's carry is a buffer of its own at the loop's boundary, and XLA's
     CPU runtime gives each scalar its own small operations: the select that keeps or
