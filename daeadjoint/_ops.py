@@ -120,11 +120,31 @@ def _pack_key(x):
     return (jnp.result_type(x), bool(getattr(x, "weak_type", False)))
 
 
+# The most scalars one packed vector takes (`_packing`): XLA's CPU fusion does not fuse a
+# concatenate of more operands (`kMaxConcatenateArguments` in cpu_instruction_fusion.cc).
+_PACK_MAX = 8
+
+
 def _packing(tree, part=None):
     """(pack, unpack) for `tree`'s scalar arrays — of `tree[part]` only, if given —
-    packed into one vector per dtype (and weak type); None where fewer than two scalars
-    share a dtype. `pack` maps a tree of `tree`'s structure to (the other leaves, the
-    vectors), `unpack` back: pure data movement, bit for bit."""
+    packed into vectors by dtype (and weak type); None where fewer than two scalars share
+    a dtype. `pack` maps a tree of `tree`'s structure to (the other leaves, the vectors),
+    `unpack` back: pure data movement, bit for bit.
+
+    Up to `_PACK_MAX` (8) scalars of a dtype make one vector, more make several of
+    balanced lengths: a vector is one `concatenate` of its scalars, and XLA's CPU fusion
+    does not fuse a concatenate of more than 8 operands (it would select among them by a
+    branch tree; a concatenate of shorter concatenates is merged back into one by XLA's
+    simplifier first). Unfused, the concatenate is a thunk of its own
+    and each operand (the select that keeps or replaces the scalar, the slice of the
+    Newton loop's result) a small kernel of its own; within the limit they are all one
+    loop fusion. Robertson's State has 9 f64 scalars: as vectors of 4 and 5 the forward
+    step loop runs 40 thunks an attempt, as one vector 46 (the concatenate and 8 operand
+    kernels against 2 fusions and one more copy of the carry). Built instead by
+    elementwise selects on an iota (`select(iota == j, s_j, …)`, 39 thunks) the vector is
+    not recognized as the concatenation of another vector's slices, so the loops that
+    pass the state through (`integrate`'s outer loop, the adjoint's replay) would rebuild
+    it every trip (forward outer loop 5 → 12 thunks, the gradient's 21 → 32)."""
     if is_batched(tree):
         # Under `vmap` the vectors are (batch, k) and every scalar a strided column of
         # one: measured slower (Robertson, 256 members: 253 -> 332 ms a solve).
@@ -136,7 +156,9 @@ def _packing(tree, part=None):
     for i, x in enumerate(leaves):
         if n_before <= i < n_before + n_part and _array(x) and x.ndim == 0:
             groups.setdefault(_pack_key(x), []).append(i)
-    groups = {k: v for k, v in groups.items() if len(v) > 1}
+    groups = {(k, q): idx[q * len(idx) // n:(q + 1) * len(idx) // n]
+              for k, idx in groups.items() if len(idx) > 1
+              for n in [-(-len(idx) // _PACK_MAX)] for q in range(n)}
     if not groups:
         return None
     packed = {i for idx in groups.values() for i in idx}
@@ -165,7 +187,7 @@ def _packing(tree, part=None):
 
 def packed_while_loop(cond_fun, body_fun, init, part=None):
     """`lax.while_loop` with the carry's scalars (of `init[part]` only, if given) packed
-    into one vector per dtype.
+    into vectors by dtype (`_packing`: at most 8 scalars a vector).
 
     Each array of a loop's carry is a buffer of its own at the loop's boundary, and XLA's
     CPU runtime gives each scalar its own small operations: the select that keeps or

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from daeadjoint._ops import packed_cond, packed_while_loop, row, tree_where, where
+from daeadjoint._ops import _PACK_MAX, _packing, packed_cond, packed_while_loop, row, tree_where, where
 
 PRED = [np.array([True, False, True]), np.array(True), np.array(False),
         np.array([[True], [False]])]
@@ -147,3 +147,37 @@ def test_packed_cond_is_the_cond():
         for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
             _same(u, v)
             np.testing.assert_array_equal(u, v)
+
+
+@pytest.mark.parametrize("n", [_PACK_MAX, _PACK_MAX + 1, 2 * _PACK_MAX + 3])
+def test_packing_splits_long_groups(n):
+    """A dtype's scalars go into vectors of at most `_PACK_MAX` elements (XLA's CPU
+    fusion leaves a longer concatenate unfused), of balanced lengths, every scalar in
+    exactly one; the loop is still `lax.while_loop` bit for bit, with the weak types."""
+    def carry(x):
+        return ([jnp.float64(0.1 * j) + x for j in range(n)], jnp.asarray(1.5) * 1,
+                jnp.asarray(2.5) * 1, jnp.int32(0))
+
+    def step(c):
+        xs, w, u, i = c
+        return ([v * 1.1 + w - j for j, v in enumerate(xs)], w * 0.5, u + w, i + 1)
+
+    tree = carry(jnp.float64(0.3))
+    pack, unpack = _packing(tree)
+    _, vecs = pack(tree)
+    lengths = sorted(len(v) for v in vecs)
+    f64 = [k for k in lengths if k > 2]           # the weak pair (w, u) is a vector of 2
+    assert max(lengths) <= _PACK_MAX and sum(f64) == n
+    assert len(f64) == -(-n // _PACK_MAX) and max(f64) - min(f64) <= 1
+    for u, v in zip(jax.tree_util.tree_leaves(unpack(pack(tree))), jax.tree_util.tree_leaves(tree)):
+        _same(u, v)
+
+    def plain(x):
+        return jax.lax.while_loop(lambda c: c[3] < 7, step, carry(x))
+
+    def packed(x):
+        return packed_while_loop(lambda c: c[3] < 7, step, carry(x))
+
+    a, b = jax.jit(lambda x: (plain(x), packed(x)))(jnp.float64(0.3))
+    for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        _same(u, v)
