@@ -717,8 +717,9 @@ class BackwardCounter:
         def host(kind, n):
             counts["adjoint" if int(kind) else "replay"] += int(n)
 
-        def counting(problem, state, outputs, t_end, max_steps, recorders=(), events=None):
-            out = orig(problem, state, outputs, t_end, max_steps, recorders, events)
+        def counting(problem, state, outputs, t_end, max_steps, recorders=(), events=None,
+                     until=None):
+            out = orig(problem, state, outputs, t_end, max_steps, recorders, events, until)
             s = out[0]
             n = sum(s.stats[k] - state.stats[k] for k in
                     ("num_steps", "num_error_test_failures",
