@@ -167,7 +167,10 @@ def _check_inputs(residual, t0, t1, y0, yp0, args, saveat, algebraic, init, quad
     t1 = jnp.asarray(t1, dtype)
     if t0.ndim or t1.ndim:
         raise ValueError("`t0` and `t1` must be scalars.")
-    ct0, ct1 = _concrete(t0), _concrete(t1)
+    # Times given as numbers are known under `jit` too, where the conversion above is
+    # traced: checked as converted to the working dtype.
+    ct0 = None if given_t0 is None else np.asarray(given_t0).astype(dtype)
+    ct1 = None if given_t1 is None else np.asarray(given_t1).astype(dtype)
     if ct0 is not None and ct1 is not None:
         if ct1 == ct0 and given_t0 is not None and given_t1 is not None and given_t1 > given_t0:
             raise ValueError(

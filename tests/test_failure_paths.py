@@ -82,6 +82,38 @@ def test_max_steps_partial_solution():
                   atol=ROB_ATOL, max_steps=60)
 
 
+def _decay_grad(throw):
+    """y' = −p y to t1 = 1 with too few steps: dy(1)/dp of a failed solve, jitted, the
+    primal's outputs not returned (so its own error check is not in the program)."""
+    def y1(p):
+        return dae.solve(lambda t, y, yp, a: yp + a * y, 0.0, 1.0, jnp.ones(1), None, p,
+                         rtol=1e-8, atol=1e-10, max_steps=3, throw=throw).ys[-1, 0]
+    return jax.jit(jax.grad(y1))
+
+
+def test_jit_grad_of_a_failed_solve_raises():
+    """`jax.jit(jax.grad(f))` returns only the gradient: the failed forward solve's
+    error check left the program with its unused outputs, and the gradient came back
+    NaN with no error. The derivative reports the primal's failure itself (as
+    `jax.jacfwd` does); with throw=False it is NaN, as documented."""
+    with pytest.raises(Exception, match="max_steps_reached"):
+        jax.block_until_ready(_decay_grad(True)(0.5))
+    assert np.isnan(float(_decay_grad(False)(0.5)))
+
+
+def test_times_given_as_numbers_are_checked_under_jit():
+    """t0 and t1 given as Python numbers are known under `jit` as well: two times that
+    round to the same float32 number raise the same error as outside `jit` (before,
+    `jit` traced their conversion and the gradient came back NaN)."""
+    def y1(p):
+        return dae.solve(lambda t, y, yp, a: yp + a * y, 1.0e9, 1.0e9 + 1.0,
+                         jnp.ones(1, jnp.float32), None, p, rtol=1e-4, atol=1e-6).ys[-1, 0]
+
+    for f in (y1, jax.jit(y1), jax.jit(jax.grad(y1))):
+        with pytest.raises(ValueError, match="below the spacing of float32"):
+            f(jnp.float32(0.5))
+
+
 def nan_residual(t, y, yp, args):
     return yp + jnp.log(y - 2.0)   # y0 = 1: log of a negative number everywhere
 

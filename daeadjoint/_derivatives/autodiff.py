@@ -361,17 +361,22 @@ def _tangent_impl(config, inputs, rec, t, ndir):
 
 
 def _flag_failure(config, result, primal_result, outs):
-    """Derivatives of a failed derived run: NaN (with `throw`, an error naming why).
-    When the primal solve itself failed, its own status reports it. A derived run that
-    fails the run-time input checks (t1 <= t0, non-finite or unsorted times, ...) gets
-    NaN without an error: the primal solve checked those same inputs, so they are
-    placeholders no solve ran on — e.g. the zero-filled Jacobian that optimistix's
-    Gauss–Newton/Levenberg–Marquardt evaluate in their first step and discard."""
+    """Derivatives of a failed derived run, or of a failed primal solve: NaN (with
+    `throw`, an error naming why). The primal solve's failure is raised here as well as
+    by its own outputs: under `jit`, a program that returns only derivatives
+    (`jax.jit(jax.grad(f))`) drops the primal outputs and their check with them, and the
+    failure would be a silent NaN. A run that fails the run-time input checks (t1 <= t0,
+    non-finite or unsorted times, ...) gets NaN without an error here: its inputs may be
+    placeholders no solve was meant to run on — e.g. the zero-filled Jacobian that
+    optimistix's Gauss–Newton/Levenberg–Marquardt evaluate in their first step and
+    discard; the primal solve's own check reports them where its outputs are used."""
     bad = ~succeeded(result) & succeeded(primal_result) & ~_input_failure(result)
     failed = ~succeeded(result) | ~succeeded(primal_result)
     outs = jax.tree_util.tree_map(lambda x: jnp.where(failed, jnp.nan, x), outs)
     if config.throw:
         outs = result.error_if(outs, bad)
+        outs = primal_result.error_if(
+            outs, ~succeeded(primal_result) & ~_input_failure(primal_result))
     return outs
 
 
