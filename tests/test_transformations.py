@@ -372,27 +372,48 @@ def test_vmap_of_solve_and_grad_build_the_program_of_jaxs_loop_batching(monkeypa
     from daeadjoint import _jax_internals as ji
     thetas = jnp.array([[0.9, 1.3, 0.4, 0.6, 1.0, 0.5], [1.0, 1.2, 0.5, 0.7, 0.9, 0.6]])
 
-    def programs():     # new functions each time: nothing from JAX's caches of traces
-        def ys(theta):
+    def programs():
+        """New functions each time, the residual too: nothing from JAX's caches of
+        traces and of batched jaxprs (with the module's `kinetics` and `kinetics_loss`,
+        the second round reused the first round's batched solve and never ran JAX's
+        rule for `vmap(solve)`)."""
+        def residual(t, y, yp, p):
+            return kinetics(t, y, yp, p)
+
+        def sol(theta, quadrature=None):
             p, y0d = theta[:4], theta[4:]
-            return dae.solve(kinetics, 0.0, 3.0, jnp.concatenate([y0d, jnp.zeros(1)]),
+            return dae.solve(residual, 0.0, 3.0, jnp.concatenate([y0d, jnp.zeros(1)]),
                              jnp.zeros(3), p, saveat=KIN_TS,
                              algebraic=jnp.array([False, False, True]), init="ya_ydp",
-                             rtol=1e-6, atol=1e-6).ys
-        loss = lambda th: kinetics_loss(th, 1e-6)  # noqa: E731
-        return [jax.vmap(ys), jax.vmap(jax.grad(loss))]
+                             quadrature=quadrature, quad_error_control=quadrature is not None,
+                             rtol=1e-6, atol=1e-6)
 
-    used = [0]
-    rule = ji._while_batching_rule
+        def loss(theta):    # tests/test_adjoint.py's kinetics_loss at rtol 1e-6
+            s = sol(theta, lambda t, y, yp, p: y[2:3] ** 2)
+            return (jnp.sum(KIN_W * s.ys) + jnp.sum(jnp.sin(s.ys[:, 2]))
+                    + 0.7 * s.yps[1, 0] + s.qs[-1, 0])
 
-    def counted(*args, **kwargs):
-        used[0] += 1
-        return rule(*args, **kwargs)
+        return [jax.vmap(lambda th: sol(th).ys), jax.vmap(jax.grad(loss))]
 
-    monkeypatch.setattr(ji, "_while_batching_rule", counted)
-    ours = [jax.jit(f).lower(thetas).as_text() for f in programs()]
-    assert used[0] > 0      # the loops were batched by the replacement
-    monkeypatch.setattr(ji, "_while_batching_rule", ji._jax_while_rule)
-    jaxs = [jax.jit(f).lower(thetas).as_text() for f in programs()]
+    used = {"ours": 0, "jax": 0}
+
+    def counted(rule, key):
+        def batch(*args, **kwargs):
+            used[key] += 1
+            return rule(*args, **kwargs)
+        return batch
+
+    def lower(key):
+        texts = []
+        for f in programs():
+            before = used[key]
+            texts.append(jax.jit(f).lower(thetas).as_text())
+            assert used[key] > before, key      # this program's loops batched by `key`
+        return texts
+
+    monkeypatch.setattr(ji, "_while_batching_rule", counted(ji._while_batching_rule, "ours"))
+    ours = lower("ours")
+    monkeypatch.setattr(ji, "_while_batching_rule", counted(ji._jax_while_rule, "jax"))
+    jaxs = lower("jax")
     assert ours[0] == jaxs[0]
     assert ours[1] == jaxs[1]
