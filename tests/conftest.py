@@ -55,10 +55,10 @@ def pytest_addoption(parser):
 # test_transformations.py less the 43 CPU s its changed test lost (load ~5).
 # test_adjoint.py: the CPU seconds of a single-file `-n 0` run on 2026-11-29 at load 2-3,
 # after R1's jacfwd-of-G and HVP tests moved in from test_transformations.py, which
-# lost them (its wall-clock seconds in the same conditions, 180; ~1 core busy).
+# lost them (193 CPU s in the same conditions).
 # Files not listed (a few seconds each, or only slow tests) count as 0 and run last.
 FILE_SECONDS = {
-    "test_transformations.py": 180, "test_testset.py": 195, "test_linear_solvers.py": 325,
+    "test_transformations.py": 190, "test_testset.py": 195, "test_linear_solvers.py": 325,
     "test_adjoint.py": 250, "test_krylov.py": 185, "test_singular_mass_matrix.py": 180,
     "test_right_answer_or_clear_failure.py": 185, "test_index2.py": 180,
     "test_random_dae.py": 140, "test_breakpoints.py": 50, "test_events.py": 130,
