@@ -53,10 +53,13 @@ def pytest_addoption(parser):
 # test_krylov.py and test_random_dae.py: scaled by the same day's before/after runs of
 # their changes to the suite's budget (CPU s 382 -> 265, 168 -> 128, 119 -> 97; load 2-7);
 # test_transformations.py less the 43 CPU s its changed test lost (load ~5).
+# test_adjoint.py: the CPU seconds of a single-file `-n 0` run on 2026-11-29 at load 2-3,
+# after R1's jacfwd-of-G and HVP tests moved in from test_transformations.py, which
+# lost them (193 CPU s in the same conditions).
 # Files not listed (a few seconds each, or only slow tests) count as 0 and run last.
 FILE_SECONDS = {
-    "test_transformations.py": 250, "test_testset.py": 195, "test_linear_solvers.py": 325,
-    "test_adjoint.py": 275, "test_krylov.py": 185, "test_singular_mass_matrix.py": 180,
+    "test_transformations.py": 190, "test_testset.py": 195, "test_linear_solvers.py": 325,
+    "test_adjoint.py": 250, "test_krylov.py": 185, "test_singular_mass_matrix.py": 180,
     "test_right_answer_or_clear_failure.py": 185, "test_index2.py": 180,
     "test_random_dae.py": 140, "test_breakpoints.py": 50, "test_events.py": 130,
     "test_closures.py": 155, "test_user_inputs_and_messages.py": 150,

@@ -1,5 +1,7 @@
 """Gradients through `solve` by the continuous adjoint (`dae.Adjoint`), against published
-values (R1–R4 of `problems.py`), exact derivatives and central finite differences."""
+values (R1–R4 of `problems.py`), exact derivatives and central finite differences; and
+R1's forward-mode dG/dp and Hessian-vector product, which compare with the same
+compiled adjoint gradient of G (the other transformations: tests/test_transformations.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -115,7 +117,7 @@ _robertson_G_value_and_grad = jax.jit(jax.value_and_grad(robertson_G))
 
 def robertson_G_grad(p, rtol, t1=4e10):
     """(G, ∇G) to idasRoberts_ASAi_dns's t1 = 4e10 by default. rtol and t1 are traced:
-    every tolerance and horizon (tests/test_transformations.py's HVP test uses 4e5)
+    every tolerance and horizon (the HVP test below uses 4e5)
     shares one compilation."""
     return _robertson_G_value_and_grad(p, rtol, t1)
 
@@ -147,6 +149,66 @@ def test_robertson_adjoint_converges():
     g6, g8, g10 = np.asarray(g6), np.asarray(g8), np.asarray(g10)
     assert np.all(np.abs(g8 - g10) <= 1e-5 * np.abs(g10)), (g8, g10)
     assert np.all(np.abs(g6 - g10) <= 1e-4 * np.abs(g10)), (g6, g10)
+
+
+# Forward mode and second order on R1, in this module with the compiled gradient program
+# they compare with (tests/test_transformations.py has the other transformations; in
+# one module the program compiles once in the suite, not once per module).
+ROB_ATOL = jnp.array([1e-8, 1e-14, 1e-6])     # idasRoberts_FSA_dns / _ASAi_dns
+
+
+@jax.jit
+def robertson_G_forward(p, rtol):
+    """dG/dp for G = ∫ y3 by forward sensitivities (jacfwd) at IDAS's FSA settings."""
+    def G(p):
+        return dae.solve(robertson, 0.0, 4e10, ROBERTSON_Y0, ROBERTSON_YP0, p,
+                         algebraic=ROBERTSON_ALGEBRAIC, rtol=rtol,
+                         atol=ROB_ATOL * rtol / 1e-6, quadrature=lambda t, y, yp, p: y[2:3],
+                         quad_error_control=True).qs[-1, 0]
+    return jax.jacfwd(G)(p)
+
+
+def test_jacfwd_of_G_agrees_with_the_adjoint():
+    """Forward mode and the adjoint are two methods at the same tolerance: at rtol 1e-6
+    they must agree within the spread IDAS's own FSA and ASA runs show there
+    (|ASA − FSA|, ~1e-3 relative); and as the tolerance tightens forward mode converges
+    to the adjoint's converged gradient (within 1e-4 relative at rtol 1e-8: the
+    global-error bound 100·rtol of the forward tests)."""
+    fwd6 = np.asarray(robertson_G_forward(ROBERTSON_P, 1e-6))
+    _, adj6 = robertson_G_grad(ROBERTSON_P, 1e-6)
+    assert np.all(np.abs(fwd6 - np.asarray(adj6)) <= np.abs(IDAS_ASA - IDAS_FSA)), (fwd6, adj6)
+    fwd8 = np.asarray(robertson_G_forward(ROBERTSON_P, 1e-8))
+    _, adj10 = robertson_G_grad(ROBERTSON_P, 1e-10)
+    np.testing.assert_allclose(fwd8, np.asarray(adj10), rtol=1e-4)
+
+
+def hvp_vs_fd(hvp, grad, x, v, rtol_hvp, rtol_fd, eps):
+    """(hvp(x, v), central difference of grad along v with step eps)."""
+    h = np.asarray(hvp(x, v, rtol_hvp))
+    fd = (np.asarray(grad(x + eps * v, rtol_fd)) - np.asarray(grad(x - eps * v, rtol_fd))) / (2 * eps)
+    return h, fd
+
+
+# G = ∫_0^{4e5} y3 (a horizon over which the second-order adjoint is well conditioned;
+# see docs on the cost at t ~ 1e10), the G above with the horizon traced: the
+# differenced gradients are the compiled gradient program of the tests above.
+ROB_HVP_T1 = 4e5
+_rob_hvp = jax.jit(lambda p, v, r: jax.jvp(lambda q: jax.grad(robertson_G)(q, r, ROB_HVP_T1),
+                                           (p,), (v,))[1])
+
+
+def _rob_grad(p, rtol):
+    return robertson_G_grad(p, rtol, ROB_HVP_T1)[1]
+
+
+def test_hvp_robertson_against_differences_of_adjoint_gradients():
+    """jvp(grad G) (forward over adjoint) in a direction v that moves every rate constant
+    by a relative amount, at rtol 1e-8, against central differences of adjoint gradients
+    (ε = 1e-3 relative, gradients at rtol 1e-10): FD truncation ~ε² ~ 1e-6, noise ~1e-8/ε
+    = 1e-5 relative, the HVP's own error ~100·rtol = 1e-6: agree to 5e-5 relative."""
+    v = ROBERTSON_P * jnp.array([1.0, -1.0, 0.5])
+    h, fd = hvp_vs_fd(_rob_hvp, _rob_grad, ROBERTSON_P, v, 1e-8, 1e-10, 1e-3)
+    np.testing.assert_allclose(h, fd, rtol=5e-5)
 
 
 @jax.jit

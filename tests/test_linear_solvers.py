@@ -619,12 +619,14 @@ def test_sharded_batch_with_the_default_solver():
     partitioner cannot split the LAPACK kernel's custom call and runs it replicated (the
     whole batch on every device; `SHARDED_SCRIPT lapack` gives the same numbers, with a
     warning). A subprocess, because the device count is fixed when JAX
-    starts; the timeout turns any other hang into a failure."""
+    starts; the timeout turns any other hang into a failure. The subprocess keeps the
+    suite's XLA options (tests/conftest.py: replacing XLA_FLAGS dropped them, and its two
+    programs compiled a third slower) and adds the device count."""
     import subprocess
     import sys
 
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               OPENBLAS_NUM_THREADS="1")
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"
+    env = dict(os.environ, XLA_FLAGS=flags.strip(), OPENBLAS_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT, "default"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

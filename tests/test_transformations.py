@@ -1,6 +1,8 @@
 """Every JAX transformation through `solve`: forward sensitivities against IDAS's FSA
 values, forward mode against reverse mode, second derivatives against exact ones and
-against central differences of adjoint gradients (R1, R4 of `problems.py`)."""
+against central differences of adjoint gradients (R1, R4 of `problems.py`). R1's
+forward-mode dG/dp and Hessian-vector product, which compare with the adjoint gradient
+of G, are in tests/test_adjoint.py beside its compiled program."""
 
 import jax
 import jax.numpy as jnp
@@ -10,11 +12,12 @@ import pytest
 import daeadjoint as dae
 from .problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
                       oscillator, robertson)
-from .test_adjoint import (IDAS_ASA, IDAS_FSA, KIN_TS, KIN_W, kinetics, kinetics_grad,
-                           kinetics_loss, robertson_G, robertson_G_grad)
+from .test_adjoint import (KIN_TS, KIN_W, ROB_ATOL, hvp_vs_fd, kinetics, kinetics_grad,
+                           kinetics_loss)
 
 # ------------------------------------------------------- R1: forward sensitivities
-ROB_ATOL = jnp.array([1e-8, 1e-14, 1e-6])     # idasRoberts_FSA_dns / _ASAi_dns
+# (dG/dp by forward mode against the adjoint's: tests/test_adjoint.py's
+# test_jacfwd_of_G_agrees_with_the_adjoint, beside the adjoint's compiled program.)
 
 
 @jax.jit
@@ -61,31 +64,6 @@ def test_sensitivity_nonconvergence_redoes_the_step_not_fails_it():
     assert int(primal.stats["num_jacobian_evals"]) > int(plain.stats["num_jacobian_evals"])
     idas = np.array([-4.2476e00, 4.5912e-05, 4.2475e00])
     assert np.all(np.abs(np.asarray(tangent.ys[0]) - idas) <= 5e-5 * np.abs(idas) * 1.01)
-
-
-@jax.jit
-def robertson_G_forward(p, rtol):
-    """dG/dp for G = ∫ y3 by forward sensitivities (jacfwd) at IDAS's FSA settings."""
-    def G(p):
-        return dae.solve(robertson, 0.0, 4e10, ROBERTSON_Y0, ROBERTSON_YP0, p,
-                         algebraic=ROBERTSON_ALGEBRAIC, rtol=rtol,
-                         atol=ROB_ATOL * rtol / 1e-6, quadrature=lambda t, y, yp, p: y[2:3],
-                         quad_error_control=True).qs[-1, 0]
-    return jax.jacfwd(G)(p)
-
-
-def test_jacfwd_of_G_agrees_with_the_adjoint():
-    """Forward mode and the adjoint are two methods at the same tolerance: at rtol 1e-6
-    they must agree within the spread IDAS's own FSA and ASA runs show there
-    (|ASA − FSA|, ~1e-3 relative); and as the tolerance tightens forward mode converges
-    to the adjoint's converged gradient (within 1e-4 relative at rtol 1e-8: the
-    global-error bound 100·rtol of the forward tests)."""
-    fwd6 = np.asarray(robertson_G_forward(ROBERTSON_P, 1e-6))
-    _, adj6 = robertson_G_grad(ROBERTSON_P, 1e-6)
-    assert np.all(np.abs(fwd6 - np.asarray(adj6)) <= np.abs(IDAS_ASA - IDAS_FSA)), (fwd6, adj6)
-    fwd8 = np.asarray(robertson_G_forward(ROBERTSON_P, 1e-8))
-    _, adj10 = robertson_G_grad(ROBERTSON_P, 1e-10)
-    np.testing.assert_allclose(fwd8, np.asarray(adj10), rtol=1e-4)
 
 
 # ------------------------------------- nonlinear index 1: forward == reverse == FD
@@ -329,32 +307,11 @@ def test_oscillator_second_derivatives_exact():
         np.testing.assert_allclose(H, H_exact, rtol=0, atol=100 * rtol)
 
 
-# G = ∫_0^{4e5} y3 (a horizon over which the second-order adjoint is well conditioned;
-# see docs on the cost at t ~ 1e10), tests/test_adjoint.py's G with the horizon traced:
-# the differenced gradients are that module's compiled gradient program.
-ROB_HVP_T1 = 4e5
-_rob_hvp = jax.jit(lambda p, v, r: jax.jvp(lambda q: jax.grad(robertson_G)(q, r, ROB_HVP_T1),
-                                           (p,), (v,))[1])
-
-
-def _rob_grad(p, rtol):
-    return robertson_G_grad(p, rtol, ROB_HVP_T1)[1]
-
-
-def _hvp_vs_fd(hvp, grad, x, v, rtol_hvp, rtol_fd, eps):
-    h = np.asarray(hvp(x, v, rtol_hvp))
-    fd = (np.asarray(grad(x + eps * v, rtol_fd)) - np.asarray(grad(x - eps * v, rtol_fd))) / (2 * eps)
-    return h, fd
-
-
-def test_hvp_robertson_against_differences_of_adjoint_gradients():
-    """jvp(grad G) (forward over adjoint) in a direction v that moves every rate constant
-    by a relative amount, at rtol 1e-8, against central differences of adjoint gradients
-    (ε = 1e-3 relative, gradients at rtol 1e-10): FD truncation ~ε² ~ 1e-6, noise ~1e-8/ε
-    = 1e-5 relative, the HVP's own error ~100·rtol = 1e-6: agree to 5e-5 relative."""
-    v = ROBERTSON_P * jnp.array([1.0, -1.0, 0.5])
-    h, fd = _hvp_vs_fd(_rob_hvp, _rob_grad, ROBERTSON_P, v, 1e-8, 1e-10, 1e-3)
-    np.testing.assert_allclose(h, fd, rtol=5e-5)
+# The Hessian-vector product of Robertson's G (forward over adjoint) against differences
+# of adjoint gradients: tests/test_adjoint.py's
+# test_hvp_robertson_against_differences_of_adjoint_gradients, next to the compiled
+# gradient program it differences (one compilation of it in the suite instead of one in
+# each module).
 
 
 _kin_hvp = jax.jit(lambda th, v, r: jax.jvp(lambda q: jax.grad(kinetics_loss)(q, r),
@@ -364,7 +321,7 @@ _kin_hvp = jax.jit(lambda th, v, r: jax.jvp(lambda q: jax.grad(kinetics_loss)(q,
 # Slow (~80 s of compilation; the default suite's budget): forward over adjoint stays
 # checked by default against exact Hessians (test_oscillator_second_derivatives_exact,
 # with a quadrature), against differences of adjoint gradients on Robertson (algebraic
-# y3, quadrature: test_hvp_robertson_against_differences_of_adjoint_gradients) and as
+# y3, quadrature: tests/test_adjoint.py::test_hvp_robertson_against_differences_of_adjoint_gradients) and as
 # jvp-of-grad in test_user_inputs_and_messages.py::test_every_transformation_and_second_order.
 @pytest.mark.slow
 def test_hvp_nonlinear_index1():
@@ -375,7 +332,7 @@ def test_hvp_nonlinear_index1():
     forward and reverse over reverse: tests/test_user_inputs_and_messages.py.)"""
     theta = jnp.array([0.8, 2.0, 0.3, 0.5, 1.0, 0.2])
     v = jnp.array([0.3, -0.2, 0.5, 0.1, -0.4, 0.7])
-    h, fd = _hvp_vs_fd(_kin_hvp, kinetics_grad, theta, v, 1e-9, 1e-11, 1e-4)
+    h, fd = hvp_vs_fd(_kin_hvp, kinetics_grad, theta, v, 1e-9, 1e-11, 1e-4)
     scale = np.max(np.abs(fd))
     np.testing.assert_allclose(h, fd, rtol=0, atol=1e-5 * scale)
 
@@ -415,27 +372,48 @@ def test_vmap_of_solve_and_grad_build_the_program_of_jaxs_loop_batching(monkeypa
     from daeadjoint import _jax_internals as ji
     thetas = jnp.array([[0.9, 1.3, 0.4, 0.6, 1.0, 0.5], [1.0, 1.2, 0.5, 0.7, 0.9, 0.6]])
 
-    def programs():     # new functions each time: nothing from JAX's caches of traces
-        def ys(theta):
+    def programs():
+        """New functions each time, the residual too: nothing from JAX's caches of
+        traces and of batched jaxprs (with the module's `kinetics` and `kinetics_loss`,
+        the second round reused the first round's batched solve and never ran JAX's
+        rule for `vmap(solve)`)."""
+        def residual(t, y, yp, p):
+            return kinetics(t, y, yp, p)
+
+        def sol(theta, quadrature=None):
             p, y0d = theta[:4], theta[4:]
-            return dae.solve(kinetics, 0.0, 3.0, jnp.concatenate([y0d, jnp.zeros(1)]),
+            return dae.solve(residual, 0.0, 3.0, jnp.concatenate([y0d, jnp.zeros(1)]),
                              jnp.zeros(3), p, saveat=KIN_TS,
                              algebraic=jnp.array([False, False, True]), init="ya_ydp",
-                             rtol=1e-6, atol=1e-6).ys
-        loss = lambda th: kinetics_loss(th, 1e-6)  # noqa: E731
-        return [jax.vmap(ys), jax.vmap(jax.grad(loss))]
+                             quadrature=quadrature, quad_error_control=quadrature is not None,
+                             rtol=1e-6, atol=1e-6)
 
-    used = [0]
-    rule = ji._while_batching_rule
+        def loss(theta):    # tests/test_adjoint.py's kinetics_loss at rtol 1e-6
+            s = sol(theta, lambda t, y, yp, p: y[2:3] ** 2)
+            return (jnp.sum(KIN_W * s.ys) + jnp.sum(jnp.sin(s.ys[:, 2]))
+                    + 0.7 * s.yps[1, 0] + s.qs[-1, 0])
 
-    def counted(*args, **kwargs):
-        used[0] += 1
-        return rule(*args, **kwargs)
+        return [jax.vmap(lambda th: sol(th).ys), jax.vmap(jax.grad(loss))]
 
-    monkeypatch.setattr(ji, "_while_batching_rule", counted)
-    ours = [jax.jit(f).lower(thetas).as_text() for f in programs()]
-    assert used[0] > 0      # the loops were batched by the replacement
-    monkeypatch.setattr(ji, "_while_batching_rule", ji._jax_while_rule)
-    jaxs = [jax.jit(f).lower(thetas).as_text() for f in programs()]
+    used = {"ours": 0, "jax": 0}
+
+    def counted(rule, key):
+        def batch(*args, **kwargs):
+            used[key] += 1
+            return rule(*args, **kwargs)
+        return batch
+
+    def lower(key):
+        texts = []
+        for f in programs():
+            before = used[key]
+            texts.append(jax.jit(f).lower(thetas).as_text())
+            assert used[key] > before, key      # this program's loops batched by `key`
+        return texts
+
+    monkeypatch.setattr(ji, "_while_batching_rule", counted(ji._while_batching_rule, "ours"))
+    ours = lower("ours")
+    monkeypatch.setattr(ji, "_while_batching_rule", counted(ji._jax_while_rule, "jax"))
+    jaxs = lower("jax")
     assert ours[0] == jaxs[0]
     assert ours[1] == jaxs[1]
