@@ -225,6 +225,27 @@ def interpolation_weights(t, t_n, psi, k_used):
     return w[0], w[1]
 
 
+def node_values_at_tn(t_n, phi, psi, k_used):
+    """`node_values(phi, *interpolation_weights(t_n, t_n, psi, k_used))`: y and y' of the
+    interpolating polynomial at the step's own end, which a step recorder writes after
+    every accepted step. At Δ = 0 the factors of `derivative_weights` are g_0 = 0 and
+    g_i = ψ_{i−1}/ψ_i, so c = (1, 0, …) (y = φ_0) and d_1 = 1/ψ_0, d_j = d_{j−1} g_{j−1}
+    — the same operations on the same values as the general weights, whose other terms
+    are exact zeros here (0·g + 0/ψ), so the same numbers for a finite history; without
+    the general weights' other half, which a recording run computed every step."""
+    if not small_rows(phi):
+        return node_values(phi, *interpolation_weights(t_n, t_n, psi, k_used))
+    g = psi[:NPHI - 2] / psi[1:NPHI - 1]
+    used = _ORDERS <= jnp.maximum(k_used, 1)
+    prev = 1.0 / psi[0]
+    d = [jnp.zeros((), psi.dtype), prev]
+    for j in range(2, NPHI):
+        prev = prev * g[j - 2]
+        d.append(prev)
+    d = where(used, jnp.stack(d), 0.0)
+    return phi[0], _row_sum(d, tuple(phi))
+
+
 def interpolate(phi, c, d):
     return jnp.tensordot(c, phi, 1), jnp.tensordot(d, phi, 1)
 

@@ -30,7 +30,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from ._bdf import (MAXORD, NPHI, Coefficients, complete_history, derivative_weights, error_weights,
                    grouped_wrms, history_layout, history_row, interpolate,
-                   interpolation_weights, node_values, predict, scale_history, set_coefficients,
+                   interpolation_weights, node_values_at_tn, predict, scale_history, set_coefficients,
                    small_rows, stacked, update_row, wrms)
 from ._delay.buffer import DelayBuffer
 from ._events import Event, EventState, search_step
@@ -1595,8 +1595,7 @@ class StepRecorder(eqx.Module):
 
     @staticmethod
     def _node(s: State):
-        c, d = interpolation_weights(s.t, s.t, s.psi, s.k_used)
-        return node_values(s.phi, c, d)
+        return node_values_at_tn(s.t, s.phi, s.psi, s.k_used)
 
     def start(self, s: State, yp0) -> "StepRecorder":
         """Node 0: the state the segment starts from (y'0 given: at t0 the history

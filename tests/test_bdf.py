@@ -113,3 +113,26 @@ def test_step_size_recovers_after_error_test_failures():
     assert int(sol.stats["num_error_test_failures"]) < 2_000
     # U8(0.2), the amplifier's output, against the Test Set's reference (PSIDE, tol 1e-14)
     assert abs(float(sol.ys[-1, 7]) - 1.236995868091548) < 1e-5
+
+
+@pytest.mark.parametrize("k", range(1, MAXORD + 1))
+def test_node_values_at_the_step_end(k):
+    """The node a step recorder writes (y, y' of the interpolating polynomial at t_n) by
+    the weights at Δ = 0 equals the general interpolation at t = t_n bit for bit, and
+    the interpolant's values there written out (y = φ_0, y' = Σ_{j=1}^{k} d_j φ_j with
+    d_1 = 1/ψ_0, d_j = d_{j−1} ψ_{j−2}/ψ_{j−1}) to the rounding of a five-term sum."""
+    from daeadjoint._bdf import interpolation_weights, node_values, node_values_at_tn
+    rng = np.random.default_rng(k)
+    phi = jnp.asarray(rng.standard_normal((NPHI, 3)))
+    psi = jnp.asarray(np.cumsum(rng.uniform(0.1, 2.0, NPHI)))      # ψ_j = h_n + … increasing
+    t_n = jnp.asarray(7.25)
+    f = jax.jit(lambda t, ph, ps, kk: (node_values(ph, *interpolation_weights(t, t, ps, kk)),
+                                       node_values_at_tn(t, ph, ps, kk)))
+    (y, yp), (y2, yp2) = f(t_n, phi, psi, jnp.asarray(k))
+    assert np.array_equal(y, y2) and np.array_equal(yp, yp2)
+    d, want = 1.0 / float(psi[0]), np.asarray(phi[1]) / float(psi[0])
+    for j in range(2, k + 1):
+        d *= float(psi[j - 2]) / float(psi[j - 1])
+        want = want + d * np.asarray(phi[j])
+    np.testing.assert_array_equal(y2, phi[0])
+    np.testing.assert_allclose(yp2, want, rtol=1e-13)
