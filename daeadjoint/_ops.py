@@ -6,9 +6,9 @@ each call is a nested trace (one per new signature, every process), and `jnp.whe
 function call in the lowered program. A step of the solver makes a few hundred of them,
 so they are a large part of the tracing and lowering that every process repeats before
 its first result, even with the compiled program read from the persistent cache
-(docs/performance.md, "Reusing compiled programs across processes"). Here they are the same `select_n`,
-`broadcast_in_dim` and `dynamic_slice` operations, emitted directly: the compiled
-program computes the same values.
+(docs/performance.md, "Reusing compiled programs across processes"). Here they are the
+same `select_n`, `broadcast_in_dim` and `dynamic_slice` operations, emitted directly:
+the compiled program computes the same values.
 """
 
 import functools
