@@ -374,9 +374,10 @@ def _flag_failure(config, result, primal_result, outs):
     failed = ~succeeded(result) | ~succeeded(primal_result)
     outs = jax.tree_util.tree_map(lambda x: jnp.where(failed, jnp.nan, x), outs)
     if config.throw:
-        outs = result.error_if(outs, bad)
-        outs = primal_result.error_if(
-            outs, ~succeeded(primal_result) & ~_input_failure(primal_result))
+        # One check for both (a failed primal makes `bad` false): the derived run's
+        # failure, else the primal's.
+        bad_primal = ~succeeded(primal_result) & ~_input_failure(primal_result)
+        outs = RESULTS.where(bad, result, primal_result).error_if(outs, bad | bad_primal)
     return outs
 
 
