@@ -132,8 +132,9 @@ class RESULTS(eqx.Enumeration):
     )
     adjoint_failed = (
         "adjoint_failed: the backward (adjoint) integration failed; try looser adjoint "
-        "tolerances (Adjoint(rtol=..., atol=...)), more max_steps, or "
-        "sensitivity=DiscreteAdjoint()."
+        "tolerances (Adjoint(rtol=..., atol=...)), more adjoint steps (Adjoint(max_steps="
+        "...): by default the forward solve's max_steps, which the backward integration "
+        "can need more than), or sensitivity=DiscreteAdjoint()."
     )
     delay_history_lost = (
         "delay_history_lost: the step history kept for the lagged values y(t - tau) "

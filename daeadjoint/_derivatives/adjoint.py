@@ -309,18 +309,29 @@ ADJOINT_SINGULAR_MESSAGE = (
     "sensitivity=DiscreteAdjoint() differentiates the computed solution without it.")
 
 
-def _warn_fallback(fell_back, ok, singular):
+def _warn_fallback(fell_back, ok, singular, out_of_steps):
     """The warning of a continuous adjoint that fell back; under `vmap` the operands are
     the whole batch's: whether any member fell back, whether all that did got a
-    gradient from the discrete adjoint, whether any of them had a singular M."""
+    gradient from the discrete adjoint, whether any of them had a singular M, whether
+    any of them ran out of adjoint steps."""
     import warnings
     if not bool(fell_back):
         return
     how = ("the gradient comes from the discrete adjoint" if bool(ok) else
            "the discrete adjoint failed too")
-    why = (" because the DAE is not index 1 in its algebraic variables (the adjoint's "
-           "consistency matrix M is singular: a rank-deficient algebraic block, e.g. "
-           "circuit nodes with no capacitance to ground)" if bool(singular) else "")
+    if bool(singular):
+        why = (" because the DAE is not index 1 in its algebraic variables (the adjoint's "
+               "consistency matrix M is singular: a rank-deficient algebraic block, e.g. "
+               "circuit nodes with no capacitance to ground)")
+    elif bool(out_of_steps):
+        # The backward integration's step sequence is its own: it can need more steps
+        # than the forward run (Robertson to t = 40: ~230 forward, 240–360 backward).
+        why = (" because its backward integration took Adjoint(max_steps) steps between "
+               "two observations (by default the forward solve's max_steps; the backward "
+               "integration can need more steps than the forward one: raise "
+               "Adjoint(max_steps=...) to use the continuous adjoint)")
+    else:
+        why = ""
     warnings.warn(f"daeadjoint: the continuous adjoint failed{why} where the forward solve "
                   f"succeeded; {how} (Adjoint(fallback=True)).", RuntimeWarning, stacklevel=2)
 
@@ -1152,8 +1163,11 @@ def backward(adjoint: Adjoint, config, inputs, rec, ct, wanted):
             # Its operands reduced over the batch first: `jax.debug.callback` of batched
             # operands is unrolled into one callback per member (256 members: 256 host
             # calls and ~750 slicing kernels more in `vmap(grad)`'s program).
+            # (A)'s last state keeps its failure: the discrete pass makes no trip of
+            # (A)'s loop (`outer_body`).
+            out_of_steps = d.on & (c.adj.result == RESULTS.max_steps_reached)
             jax.debug.callback(_warn_fallback, unvmap_any(d.on), unvmap_all(~d.on | c.ok),
-                               unvmap_any(d.on & singular))
+                               unvmap_any(d.on & singular), unvmap_any(out_of_steps))
         return (taken_where(d.on, out_d, out),
                 RESULTS.where(d.on, RESULTS.where(c.ok, RESULTS.successful,
                                                   RESULTS.adjoint_failed), result))
