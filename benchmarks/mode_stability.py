@@ -7,7 +7,7 @@ of orders 1-5 do to them at a range of step sizes.
 The solution is IDA's (scikit-sundae, rtol = atol = 1e-6), whose step sequence stays on
 the smooth solution, or with `--states daeadjoint` one `dae.solve` at rtol 1e-6 (`saveat`
 the given times, t1 their largest unless given), which for the two-bit adder may leave
-it (benchmarks/README.md, "The two-bit adder at rtol 1e-6"). At each
+it (docs/real_models.md, "The two-bit adder at rtol 1e-6"). At each
 time the linearized DAE F_y v + λ F_y' v = 0 is solved for its finite eigenvalues
 (`scipy.linalg.eig` of the pencil (−F_y, F_y'); the infinite ones of the algebraic part
 are dropped), and those with the largest real part are printed. For the one with the

@@ -196,7 +196,7 @@ def test_transistor(forward, rtol, min_scd, min_mescd):
     assert transistor.scd(y) >= min_scd
     assert transistor.mescd(y, rtol, rtol) >= min_mescd
     # Steps: at rtol 1e-8 no more than IDA's (SUNDIALS 7 through scikit-sundae, the same
-    # residual: 60 799, benchmarks/README.md's Test Set table; measured here 10 476). At
+    # residual: 60 799, docs/benchmarks.md's Test Set table; measured here 10 476). At
     # 1e-6 the two are level (5 501 vs 5 598) and the count moves with the rounding of
     # the compiled program, so the bound there is a guard against a regression (the step
     # selection once took 9 343), not a target.
@@ -281,7 +281,7 @@ def _twobit_run(rtol, max_steps=100_000):
 @pytest.mark.slow
 def test_twobit_tight_tolerance_right_answer_or_clear_failure():
     """At rtol 1e-6 the adder's largest floating cluster carries a growing oscillatory
-    mode of the DAE (an eigenvalue pair with Re λ > 0 from t ≈ 10 on; benchmarks/README.md,
+    mode of the DAE (an eigenvalue pair with Re λ > 0 from t ≈ 10 on; docs/real_models.md,
     "The two-bit adder at rtol 1e-6"), which BDF damps only with steps above ~1e-4: a
     step sequence that lingers at 1e-5–1e-4 after an input corner follows the mode away,
     and which sequences do depends on rounding (IDA on the same residual passes in
