@@ -161,6 +161,8 @@ __all__ = [
     "batched_loops",
     # 9.
     "taken_select",
+    # 10.
+    "linearized_in_jit",
 ]
 
 # ------------------------------------------------------- 1. filtered primitives
@@ -502,3 +504,41 @@ mlir.register_lowering(_taken_select_p, lambda ctx, pred, new, old: [new])
 batching.fancy_primitive_batchers[_taken_select_p] = _taken_select_batched
 ad.primitive_jvps[_taken_select_p] = _taken_select_jvp
 ad.primitive_transposes[_taken_select_p] = _taken_select_transpose
+
+
+
+# ---------------------------------------- 10. a solve linearized inside `jit`
+
+def _trace_class(module: str, name: str):
+    import importlib
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):     # pragma: no cover - version dependent
+        return None
+
+
+_LINEARIZE_TRACE = _trace_class("jax._src.interpreters.ad", "LinearizeTrace")
+_JAXPR_TRACE = _trace_class("jax._src.interpreters.partial_eval", "DynamicJaxprTrace")
+_STOP_TRACES = tuple(c for c in (_trace_class("jax._src.core", "EvalTrace"),
+                                 _trace_class("jax._src.interpreters.batching", "BatchTrace"))
+                     if c is not None)
+
+
+def linearized_in_jit() -> bool:
+    """Whether the current trace is JAX's linearization (`grad`, `vjp`, `linearize`:
+    a `LinearizeTrace`) inside a `jit` being traced (a `DynamicJaxprTrace` below it),
+    with no `vmap` (`BatchTrace`) between them (item 10)."""
+    if _LINEARIZE_TRACE is None or _JAXPR_TRACE is None or len(_STOP_TRACES) < 2:
+        return False      # pragma: no cover - version dependent
+    from jax._src import core as _core
+    trace = getattr(getattr(_core, "trace_ctx", None), "trace", None)
+    linearized = False
+    for _ in range(1000):   # the stack is finite; the bound guards a cyclic parent
+        if trace is None or isinstance(trace, _STOP_TRACES):
+            return False
+        if isinstance(trace, _LINEARIZE_TRACE):
+            linearized = True
+        elif isinstance(trace, _JAXPR_TRACE):
+            return linearized
+        trace = getattr(trace, "parent_trace", None)
+    return False
