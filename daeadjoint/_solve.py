@@ -131,9 +131,10 @@ def _shift_to_saveat(yd, qs, saveat, args, quadrature):
 
 
 def _solve_body(config: Config, inputs: Inputs):
-    """The solve as one program (`_solve_compiled`: jitted): (Solution, (reason, component) of a failed
-    initialization). Raising on failure (`throw`) is left to `_raise_on_failure`, outside
-    this cached program, so that an error names the call that failed."""
+    """The solve as one program (`_solve_compiled` compiles it): (Solution, (reason,
+    component) of a failed initialization). Raising on failure (`throw`) is left to
+    `_raise_on_failure`, outside this cached program, so that an error names the call
+    that failed."""
     core = solve_core(config, _core_inputs(inputs))
     return _solution(config, inputs, core)
 
