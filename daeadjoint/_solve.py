@@ -23,7 +23,8 @@ from ._derivatives.autodiff import solve_core
 from ._derivatives.discrete_adjoint import DiscreteAdjoint
 from ._derivatives.forward_sensitivity import ForwardSensitivity
 from ._events import Event
-from ._jax_internals import batched_loops, explicit_batch_axis, is_batched, unvmap_any
+from ._jax_internals import (batched_loops, explicit_batch_axis, is_batched, linearized_in_jit,
+                             unvmap_any)
 from ._index2 import check_index2_mask, index2_check, project
 from ._initialization import SUCCESS, InitMode, failure_messages, message_index
 from ._linalg.linear_solver import AbstractLinearSolver, DenseLU, masked_residual
@@ -129,13 +130,16 @@ def _shift_to_saveat(yd, qs, saveat, args, quadrature):
 # ------------------------------------------------------------------ compiled solve
 
 
-@eqx.filter_jit
-def _solve_compiled(config: Config, inputs: Inputs):
-    """The solve as one compiled program: (Solution, (reason, component) of a failed
-    initialization). Raising on failure (`throw`) is left to `_raise_on_failure`, outside
-    this cached program, so that an error names the call that failed."""
+def _solve_body(config: Config, inputs: Inputs):
+    """The solve as one program (`_solve_compiled` compiles it): (Solution, (reason,
+    component) of a failed initialization). Raising on failure (`throw`) is left to
+    `_raise_on_failure`, outside this cached program, so that an error names the call
+    that failed."""
     core = solve_core(config, _core_inputs(inputs))
     return _solution(config, inputs, core)
+
+
+_solve_compiled = eqx.filter_jit(_solve_body)
 
 
 def _core_inputs(inputs: Inputs) -> Inputs:
@@ -694,7 +698,9 @@ def solve(
         linear_solver=linear_solver, constraints=constraints, max_step=max_step,
         min_step=min_step, first_step=first_step, max_order=max_order, event=event,
         steps=steps, dense=dense, progress=progress)
-    sol, init_info = _solve_compiled(config, inputs)
+    # Linearized inside a `jit` (`jax.jit(jax.grad(f))`): traced inline, not through the
+    # cached `jit` (`_jax_internals.linearized_in_jit`: one trace of the integrator less).
+    sol, init_info = (_solve_body if linearized_in_jit() else _solve_compiled)(config, inputs)
     if throw:
         sol = _raise_on_failure(sol, init_info, config, inputs)
     return sol

@@ -245,10 +245,10 @@ P_KIN = jnp.array([0.04, 1e4, 3e7])
 
 
 def test_residual_traced_once_per_signature_gives_the_same_program():
-    """A plain-function residual is traced once per signature and its jaxpr evaluated at
-    every use (`_closures.TracedOnce`); a callable object is traced at each use. Both
-    must give the same forward solution to the bit (the same primitives bound in the
-    same order). The plain function's Python runs at most 3 times for a program: the
+    """A plain-function residual is traced once per signature and its jaxpr called at
+    every use, as one nested `jit` (`_closures.TracedOnce`); a callable object is traced
+    at each use. Both must give the same forward solution to the bit (the same
+    primitives in the same order, which XLA inlines from the nested calls). The plain function's Python runs at most 3 times for a program: the
     input check's `eval_shape`, `lift_closures`' look for closed-over tracers (it is a
     closure) and one recording (one signature: t, y, y', args of fixed shapes and
     dtypes); a second program with the same function reuses the recording (2) — where

@@ -217,6 +217,43 @@ def test_primitive_definition_api(table):
         "registered (see daeadjoint/_jax_internals.py, item 6)")
 
 
+def test_linearized_in_jit_reads_the_trace_stack():
+    """`linearized_in_jit` (item 10) is true where JAX linearizes inside a `jit` being
+    traced (`jit(grad)`, `jit(vjp)`, `jit(linearize)`), and false without the `jit`,
+    without linearization (`jit`, `jit(jvp)`), with a `vmap` in between
+    (`jit(vmap(grad))`, `jit(grad(vmap))`) and inside a nested `jit` (`grad(jit)`, whose
+    function JAX traces on its own first): there `solve` keeps its own `jit`."""
+    seen = []
+
+    def g(x):
+        seen.append(ji.linearized_in_jit())
+        return jnp.sin(x) * 2.0
+
+    def fresh_jit(x):          # `jax.jit(g)` would be traced once, in the "jit" case
+        return jax.jit(lambda v: g(v))(x)
+
+    x = jnp.ones(3)
+    cases = {
+        "jit(grad)": (jax.jit(jax.grad(lambda v: g(v).sum())), x, True),
+        "jit(vjp)": (jax.jit(lambda v: jax.vjp(g, v)[1](v)), x, True),
+        "jit(linearize)": (jax.jit(lambda v: jax.linearize(g, v)[1](v)), x, True),
+        "grad": (jax.grad(lambda v: g(v).sum()), x, False),
+        "jit": (jax.jit(g), x, False),
+        "jit(jvp)": (jax.jit(lambda v: jax.jvp(g, (v,), (v,))[1]), x, False),
+        "jit(vmap(grad))": (jax.jit(jax.vmap(jax.grad(lambda v: g(v).sum()))), x[:, None],
+                            False),
+        "jit(grad(vmap))": (jax.jit(jax.grad(lambda v: jax.vmap(g)(v).sum())), x, False),
+        "grad(jit)": (jax.grad(lambda v: fresh_jit(v).sum()), x, False),
+    }
+    for name, (fn, arg, expected) in cases.items():
+        seen.clear()
+        fn(arg)
+        assert seen and all(s == expected for s in seen), (
+            f"linearized_in_jit under {name}: {seen}, expected {expected} (jax's trace "
+            "classes LinearizeTrace/DynamicJaxprTrace/BatchTrace/EvalTrace or "
+            "`parent_trace` changed)")
+
+
 def test_explicit_batch_axis_reads_the_trace_stack():
     """`explicit_batch_axis` finds a `vmap` over an explicitly sharded mesh axis through
     the traces between it and the call (here `grad`), and nothing for a plain `vmap` or
