@@ -119,20 +119,6 @@ class _Iteration(NamedTuple):
     lin_stats: dict
 
 
-def _rate_straight_line(ratio, m):
-    """The convergence rate ratio^(1/m) of `newton_solve`'s straight-line iterations
-    (`iterations`, the batched step loop's): the power only in a branch taken when some
-    member is past its second iteration (m ≥ 2). At m = 1 the rate is the ratio itself
-    (x^1 = x exactly: the same numbers as the power's) and at m = 0 it is not used. A
-    batch's power of every member's ratio cost ~4 µs per 256 values and ran twice a
-    trip; with 256 Robertson members the branch is taken in ~60 % of the iterations, with
-    16 in ~20 % (docs/performance.md, "Batches")."""
-    later = m >= 2
-    return jax.lax.cond(unvmap_any(later),
-                        lambda r: where(later, r ** (1.0 / jnp.maximum(m, 1)), r),
-                        lambda r: r, ratio)
-
-
 # Kept whole: the iteration body, its convergence test and the redo after a failure with
 # an old Jacobian share the loop carry; its length is mostly that body (IDAS IDANls).
 def setup_linear(linear_solver, residual, t, y, yp, cj, args, index2=None, where=None):
@@ -272,11 +258,7 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         delnrm = wrms(delta, ewt)
         m = c.m
         first = m == 0
-        ratio = delnrm / where(first, 1.0, c.oldnrm)
-        if iterations is None:
-            rate = ratio ** (1.0 / jnp.maximum(m, 1))
-        else:
-            rate = _rate_straight_line(ratio, m)
+        rate = (delnrm / where(first, 1.0, c.oldnrm)) ** (1.0 / jnp.maximum(m, 1))
         diverging = ~first & (rate > RATE_MAX)
         ss_ = where(first, ss_, rate / (1.0 - rate))
         converged = (first & (delnrm <= 1e-4 * TOLDEL)) | (~diverging & (ss_ * delnrm <= EPS_NEWT))

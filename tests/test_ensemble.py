@@ -294,33 +294,6 @@ def test_newton_iterations_split_over_trips_leave_every_member_unchanged(monkeyp
         assert _close(ys1[i], refs[i])
 
 
-def test_straight_line_newton_rate_is_the_power_bit_for_bit():
-    """The batched step loop's Newton iterations take the rate ratio^(1/m) through
-    `_newton._rate_straight_line`, which skips the power where no member is past its
-    second iteration (m ≥ 2) and returns the ratio itself at m ≤ 1. Its values must be
-    the power's bit for bit (m = 0 and 1: x^1 = x exactly), unbatched, under
-    `jit(vmap)` with the branch taken (some m ≥ 2) and not taken (all m ≤ 1), for
-    ratios across the range, zero, inf and NaN included. A gate that skipped the
-    power for a member that needs it (m ≥ 2, ratio ≠ 0, 1, inf) fails here."""
-    from daeadjoint import _newton
-
-    ratios = np.array([0.0, 1e-300, 3e-7, 0.25, 0.9, 1.0, 1.7, 12.5, 1e200, np.inf, np.nan])
-
-    def power(r, m):
-        return np.asarray(jnp.asarray(r) ** (1.0 / jnp.maximum(jnp.asarray(m), 1)))
-
-    for m in range(5):
-        for r in ratios:
-            got = np.asarray(_newton._rate_straight_line(jnp.asarray(r), jnp.asarray(m, jnp.int32)))
-            np.testing.assert_array_equal(got, power(r, m), err_msg=f"m={m}, ratio={r}")
-    batched = jax.jit(jax.vmap(_newton._rate_straight_line))
-    r = jnp.asarray(np.tile(ratios, 5))
-    for ms in (np.repeat(np.arange(5), ratios.size), np.repeat(np.arange(5) % 2, ratios.size)):
-        m = jnp.asarray(ms, jnp.int32)
-        np.testing.assert_array_equal(np.asarray(batched(r, m)), power(r, m))
-    assert not np.array_equal(power(0.25, 2), 0.25)      # the m ≥ 2 cases test the power
-
-
 def test_is_batched_reads_the_tracers():
     """`_jax_internals.is_batched` (how `solve` chooses the flat loop): True for a value
     batched by the `vmap` being traced, also seen through a `grad` inside it; False for
