@@ -133,8 +133,8 @@ class RESULTS(eqx.Enumeration):
     adjoint_failed = (
         "adjoint_failed: the backward (adjoint) integration failed; try looser adjoint "
         "tolerances (Adjoint(rtol=..., atol=...)), more adjoint steps (Adjoint(max_steps="
-        "...): by default the forward solve's max_steps, which the backward integration "
-        "can need more than), or sensitivity=DiscreteAdjoint()."
+        "...), by default the forward solve's max_steps; the backward integration can "
+        "need more steps than the forward one), or sensitivity=DiscreteAdjoint()."
     )
     delay_history_lost = (
         "delay_history_lost: the step history kept for the lagged values y(t - tau) "
