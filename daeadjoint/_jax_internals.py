@@ -112,10 +112,10 @@ Not here: the names `jax.core` still exports as public (`ShapedArray`, `Tracer`,
    primitive fails to trace or batch; `tests/test_jax_internals.py` checks it under
    `jit`, `vmap`, `vmap` of `jit`, `jvp` and `vjp`.
 10. **The trace stack, for `solve`'s own `jit`** (the trace classes of `jax._src`:
-   `LinearizeTrace`, `DynamicJaxprTrace`, `BatchTrace`, `EvalTrace`; `core.trace_ctx`
-   and each trace's `parent_trace`): `linearized_in_jit` tells `solve` that JAX
-   linearizes it (`grad`, `vjp`, `linearize`) inside a `jit` being traced, with no
-   `vmap` between. `solve` then traces its body inline instead of through its
+   `LinearizeTrace`, `DynamicJaxprTrace`; `core.trace_ctx` and a trace's
+   `parent_trace`): `linearized_in_jit` tells `solve` that JAX linearizes it (`grad`,
+   `vjp`, `linearize`) directly inside a `jit` being traced, with no other
+   transformation between or above. `solve` then traces its body inline instead of through its
    `eqx.filter_jit` (whose cache serves eager calls): JAX traces a nested `jit` under
    `grad` once for its primal and then re-evaluates its whole jaxpr to linearize it,
    while inline only the custom JVP's run is traced — the integrator traced once
@@ -123,7 +123,9 @@ Not here: the names `jax.core` still exports as public (`ShapedArray`, `Tracer`,
    lowering, 24 % fewer in tracing). Inside the outer `jit` the program is compiled
    whole either way (the same results, bit for bit). Under a `vmap` the nested `jit`
    stays: traced inline, the solver would see batched values where it now sees the
-   `jit`'s unbatched ones, and build another program. If JAX renames these classes the
+   `jit`'s unbatched ones, and build another program; under a `jvp` of the `grad` (or
+   `jax.hessian`) too: the `jit`'s boundary turns Python numbers among the tangents
+   into arrays, which the second-order rule needs. If JAX renames these classes the
    check returns False and the nested `jit` is kept: the same results, traced more
    slowly; `tests/test_jax_internals.py` checks it under `jit(grad)`, `jit(vjp)`,
    `jit(linearize)` and where it must be false.
@@ -534,26 +536,19 @@ def _trace_class(module: str, name: str):
 
 _LINEARIZE_TRACE = _trace_class("jax._src.interpreters.ad", "LinearizeTrace")
 _JAXPR_TRACE = _trace_class("jax._src.interpreters.partial_eval", "DynamicJaxprTrace")
-_STOP_TRACES = tuple(c for c in (_trace_class("jax._src.core", "EvalTrace"),
-                                 _trace_class("jax._src.interpreters.batching", "BatchTrace"))
-                     if c is not None)
 
 
 def linearized_in_jit() -> bool:
     """Whether the current trace is JAX's linearization (`grad`, `vjp`, `linearize`:
-    a `LinearizeTrace`) inside a `jit` being traced (a `DynamicJaxprTrace` below it),
-    with no `vmap` (`BatchTrace`) between them (item 10)."""
-    if _LINEARIZE_TRACE is None or _JAXPR_TRACE is None or len(_STOP_TRACES) < 2:
+    a `LinearizeTrace`) directly inside a `jit` being traced (its parent a
+    `DynamicJaxprTrace`), with nothing between them (item 10). Only that case: with
+    another transformation between or above (a `jvp` of the `grad`, `jax.hessian`, a
+    `vmap`) the solve keeps its own `jit`, whose boundary turns Python numbers among the
+    tangents into arrays (traced inline, `jax.jit(jax.jvp(jax.grad(f), ...))` handed the
+    second-order rule a Python float)."""
+    if _LINEARIZE_TRACE is None or _JAXPR_TRACE is None:
         return False      # pragma: no cover - version dependent
     from jax._src import core as _core
     trace = getattr(getattr(_core, "trace_ctx", None), "trace", None)
-    linearized = False
-    for _ in range(1000):   # the stack is finite; the bound guards a cyclic parent
-        if trace is None or isinstance(trace, _STOP_TRACES):
-            return False
-        if isinstance(trace, _LINEARIZE_TRACE):
-            linearized = True
-        elif isinstance(trace, _JAXPR_TRACE):
-            return linearized
-        trace = getattr(trace, "parent_trace", None)
-    return False
+    return (isinstance(trace, _LINEARIZE_TRACE)
+            and isinstance(getattr(trace, "parent_trace", None), _JAXPR_TRACE))

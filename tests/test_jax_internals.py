@@ -221,7 +221,8 @@ def test_linearized_in_jit_reads_the_trace_stack():
     """`linearized_in_jit` (item 10) is true where JAX linearizes inside a `jit` being
     traced (`jit(grad)`, `jit(vjp)`, `jit(linearize)`), and false without the `jit`,
     without linearization (`jit`, `jit(jvp)`), with a `vmap` in between
-    (`jit(vmap(grad))`, `jit(grad(vmap))`) and inside a nested `jit` (`grad(jit)`, whose
+    (`jit(vmap(grad))`, `jit(grad(vmap))`), with another transformation between
+    (`jit(jvp(grad))`, `jit(hessian)`) and inside a nested `jit` (`grad(jit)`, whose
     function JAX traces on its own first): there `solve` keeps its own `jit`."""
     seen = []
 
@@ -244,6 +245,12 @@ def test_linearized_in_jit_reads_the_trace_stack():
                             False),
         "jit(grad(vmap))": (jax.jit(jax.grad(lambda v: jax.vmap(g)(v).sum())), x, False),
         "grad(jit)": (jax.grad(lambda v: fresh_jit(v).sum()), x, False),
+        # A transformation between the linearization and the jit: the solve keeps its
+        # own jit (test_user_inputs_and_messages::test_every_transformation_and_second_order
+        # failed when jit(jvp(grad)) traced it inline).
+        "jit(jvp(grad))": (jax.jit(lambda v: jax.jvp(jax.grad(lambda u: g(u).sum()), (v,),
+                                                     (v,))[1]), x, False),
+        "jit(hessian)": (jax.jit(jax.hessian(lambda v: g(v).sum())), x, False),
     }
     for name, (fn, arg, expected) in cases.items():
         seen.clear()
