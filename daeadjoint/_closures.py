@@ -247,8 +247,9 @@ class TracedOnce(eqx.Module):
     The solver evaluates the residual at many places of one program — at t0, in the
     Newton iteration, under `jax.jacfwd` for the iteration matrix, in the replays and
     adjoint steps of the backward pass — each time with inputs of the same shapes and
-    dtypes. Each evaluation used to run the user's Python again (its tracing time, once
-    per place: for a large model the most of the solve's tracing). Here the first call
+    dtypes. Calling the function itself would run the user's Python again at each
+    place (its tracing time, once per place: for a large model the most of the solve's
+    tracing). Here the first call
     with a signature records the function's jaxpr (`jax.make_jaxpr`) and every call
     is one call of a `jax.jit` that evaluates it (`jax.core.eval_jaxpr`): the same
     primitives with the same constants, in a nested jaxpr that is the same object at
