@@ -473,7 +473,7 @@ class Corrector(NamedTuple):
 
 def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
                   y_pred, yp_pred, ewt, resume=None, iterations: int | None = None,
-                  active=None, setup_parts: int | None = None) -> Corrector:
+                  active=None) -> Corrector:
     """The corrector (IDAS manual §6.2.2, eqs. (6.6)–(6.8)): solve
     G(y) = F(t_n, y, y'_(0) + cj (y − y_(0)), p) = 0 from the predictor y_(0) by modified
     Newton with the iteration matrix J = F_y + cj_old F_y' (`newton_solve`).
@@ -508,8 +508,7 @@ def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
                           y_pred, yp_pred, cj, ewt, s.lin_state, s.jac_point, cj_old,
                           rate_factor, setup, linear=problem.reset_newton_rate,
                           mask_probe=problem.algebraic_probe, index2=problem.index2,
-                          iterations=iterations, resume=resume, active=active,
-                          setup_parts=setup_parts)
+                          iterations=iterations, resume=resume, active=active)
     ee = newton.ee
     converged = newton.converged
     constraint_fail = jnp.zeros((), bool)
@@ -877,7 +876,7 @@ def attempt_step(problem: Problem, s: State) -> tuple[State, Bool[Array, ""]]:
 
 
 def attempt_step_part(problem: Problem, s: State, pending=None, iterations: int | None = None,
-                      active=None, rows: bool = False, setup_parts: int | None = None):
+                      active=None, rows: bool = False):
     """`attempt_step`, or with `iterations` a part of it: at most that many Newton
     iterations, continuing the iteration `pending` left by the last part (a
     `newton_solve` carry, status 0 where one is pending). Returns (state, accepted,
@@ -926,8 +925,7 @@ def attempt_step_part(problem: Problem, s: State, pending=None, iterations: int 
 
     # --- corrector: the state, then quadratures and sensitivities at the converged y ---
     corrector = correct_state(problem, s, coef, t_eval, h, y_pred, yp_pred, ewt,
-                              resume=pending, iterations=iterations, active=active,
-                              setup_parts=setup_parts)
+                              resume=pending, iterations=iterations, active=active)
     newton = corrector.newton
     converged = corrector.converged
     # Quadratures: explicit correction e_Q = (q(t, y, y') − y_Q'(0))/cj (§6.2.5).
@@ -1306,10 +1304,6 @@ def _output_limit(problem: Problem, ev: EventState | None):
 # 3 → 1.03x that of None (docs/performance.md, "Batches").
 BATCH_NEWTON_ITERATIONS: int | None = 2
 
-# The members of a batched step loop's trip that set up J are evaluated in sub-batches of
-# ⌈batch / BATCH_SETUP_PARTS⌉ (`_ops.compacted_update`; None: J of every member, selected).
-BATCH_SETUP_PARTS: int | None = 8
-
 
 def _integrate_flat(problem: Problem, state: State, outputs: Outputs, t_end, max_steps: int,
                     recorders: tuple, events: EventState | None, until):
@@ -1354,7 +1348,7 @@ def _integrate_flat(problem: Problem, state: State, outputs: Outputs, t_end, max
         # select of J is a copy of the whole batch's factors on every trip).
         s, passed, pending = attempt_step_part(_with_step_history(problem, recs), s_old,
                                                pending_old, BATCH_NEWTON_ITERATIONS, go,
-                                               rows=True, setup_parts=BATCH_SETUP_PARTS)
+                                               rows=True)
         # Small histories φ come back as their six rows (`attempt_step_part`), selected
         # row by row and stacked only after the last select below. As one (batch, 6, n)
         # array, XLA fused the history update (`complete_history`: a reverse cumulative

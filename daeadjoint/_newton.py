@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from ._bdf import wrms
 from ._jax_internals import unvmap_any
-from ._ops import compacted_update, packed_while_loop, taken_where, tree_where, where
+from ._ops import packed_while_loop, taken_where, tree_where, where
 
 EPS_NEWT = 0.33           # IDAS epcon: Newton tolerance relative to the error test
 TOLDEL = 1e-4 * EPS_NEWT  # IDAS toldel
@@ -151,8 +151,7 @@ def idle_iteration(y, linear_solver) -> _Iteration:
 def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
                  lin_state, jac_point, cj_old, ss, force_setup, linear: bool = False,
                  mask_probe=None, index2=None, iterations: int | None = None,
-                 resume: _Iteration | None = None, active=None,
-                 setup_parts: int | None = None) -> NewtonResult:
+                 resume: _Iteration | None = None, active=None) -> NewtonResult:
     """Run the modified Newton iteration from e = 0. See the module docstring.
 
     `iterations`: run at most this many iterations, unrolled (straight-line code, no
@@ -199,10 +198,6 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
     `jac`) use J unscaled."""
     int_ = jnp.int32
     scale_cols = index2 is not None and _builds_from_residual(linear_solver)
-    from ._linalg.linear_solver import AbstractLinearSolver
-    # A solver with a batched `setup_where` of its own keeps it.
-    compact = (setup_parts is not None
-               and type(linear_solver).setup_where is AbstractLinearSolver.setup_where)
 
     def cond(c: _Iteration):
         return c.status == 0
@@ -213,32 +208,17 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         ee = c.ee
         do_setup = c.setup if active is None else c.setup & active
 
-        def fresh(operand, where=None):
+        def setup(operand):
+            # Where not `do_setup` (other members of a batch) every part is `operand`'s:
+            # the factors by `setup_where`, the rest selected here.
             y_s, yp_s = y_pred + ee, yp_pred + cj * ee
             lin_new = setup_linear(linear_solver, residual, t, y_s, yp_s, cj, args,
                                    index2 if scale_cols else None,
-                                   where=None if where is None else (where, operand[0]))
+                                   where=(do_setup, operand[0]))
             new = (linear_solver.is_singular(lin_new), (t, y_s, yp_s))
             if mask_probe is not None:
                 mask = operand[-1]
                 new = new + (mask | depends_on_yp(residual, t, y_s, yp_s, args, mask_probe),)
-            return lin_new, new
-
-        def setup(operand):
-            if compact:
-                # Only the members that set up are evaluated (a batch: `compacted_update`);
-                # the setup point is selected, elementwise.
-                def evaluated(o):
-                    lin_new, (singular, _, *probed) = fresh(o[:2] + (None,) + o[2:])
-                    return (lin_new, singular, *probed)
-
-                lin_new, singular, *probed = compacted_update(
-                    do_setup, evaluated, operand[:2] + operand[3:], setup_parts)
-                point = taken_where(do_setup, (t, y_pred + ee, yp_pred + cj * ee), operand[2])
-                return (lin_new, singular, point, *probed)
-            # Where not `do_setup` (other members of a batch) every part is `operand`'s:
-            # the factors by `setup_where`, the rest selected here.
-            lin_new, new = fresh(operand, do_setup)
             return (lin_new,) + taken_where(do_setup, new, operand[1:])
 
         # Everything that changes only with a setup is computed in its one-trip loop

@@ -16,8 +16,6 @@ corrector's iterates within its convergence test: observed 1.3e-8. (A Jacobian
 refreshed for one member is not used by the others: `_newton.maybe_update` selects
 per member.)"""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -294,88 +292,6 @@ def test_newton_iterations_split_over_trips_leave_every_member_unchanged(monkeyp
         np.testing.assert_array_equal(st1[name], st4[name], err_msg=name)
     for i in range(B):
         assert _close(ys1[i], refs[i])
-
-
-def test_setup_sub_batches_leave_every_member_unchanged(monkeypatch):
-    """The members of a batched trip that set up J are evaluated in sub-batches of
-    ⌈B / BATCH_SETUP_PARTS⌉ (`_ops.compacted_update`), gathered and scattered back, in
-    a loop while more members need it than a sub-batch holds (the first step: every
-    member). Sub-batches of three and J of every member selected (None) give every
-    member the same J, iterates and results, bit for bit (the same operations on the
-    same member's numbers); the gradient too. The programs differ (checked). Sub-batches
-    of one member each: `test_compacted_update_evaluates_only_the_members_asked`."""
-    from daeadjoint import _integrator
-
-    def run(parts):
-        monkeypatch.setattr(_integrator, "BATCH_SETUP_PARTS", parts)
-        jax.clear_caches()
-
-        def residual(t, y, yp, k):      # a new function: no cached trace is reused
-            return robertson(t, y, yp, k)
-
-        fn = jax.jit(jax.vmap(lambda y0, k: dae.solve(residual, 0.0, 1.0, y0, args=k, **KW)))
-        grad = jax.jit(jax.vmap(jax.grad(
-            lambda k, y0: dae.solve(residual, 0.0, 1.0, y0, args=k, **KW).ys[-1, 0])))
-        text = fn.lower(jnp.asarray(Y0), jnp.asarray(K)).as_text()
-        sol = fn(jnp.asarray(Y0), jnp.asarray(K))
-        return (text, np.asarray(sol.ys), {k: np.asarray(v) for k, v in sol.stats.items()},
-                np.asarray(grad(jnp.asarray(K), jnp.asarray(Y0))))
-
-    text0, ys0, st0, g0 = run(None)
-    for parts in (2,):
-        text, ys, st, g = run(parts)
-        assert text != text0
-        np.testing.assert_array_equal(ys, ys0)
-        for name in st0:
-            np.testing.assert_array_equal(st[name], st0[name], err_msg=name)
-        np.testing.assert_array_equal(g, g0)
-    assert np.all(st0["num_jacobian_evals"] > 1)
-
-
-def test_compacted_update_evaluates_only_the_members_asked():
-    """`_ops.compacted_update` under `vmap`: members with pred get fn of their own
-    values (also fn's closed-over batched values), the others keep theirs, for any
-    number of them against the sub-batch size (none but one, more than a sub-batch,
-    all), with pred unbatched (true: every member), and unbatched (fn's value). Exact
-    against fn of every member in a jitted program (the same operations on the same
-    numbers; eager, op by op, XLA would not rewrite fn's division by a broadcast value
-    as it does in a program). `running_count` is the cumulative sum."""
-    from daeadjoint._ops import compacted_update, running_count
-
-    rng = np.random.default_rng(0)
-    for n in (1, 31, 32, 33, 100):
-        for q in (0.0, 0.2, 1.0):
-            p = rng.random(n) < q
-            np.testing.assert_array_equal(running_count(jnp.asarray(p)), np.cumsum(p))
-
-    n = 13
-    x = jnp.asarray(rng.random((n, 2)))
-    c = jnp.asarray(rng.random(n))
-    old = (jnp.asarray(rng.random((n, 2, 2))), jnp.zeros(n, bool))
-
-    def fn(x, c, o):
-        return (o[0] * c + jnp.outer(x, x) / c, jnp.sum(x) > c)
-
-    def member(pred, x, c, old, parts):
-        return compacted_update(pred, lambda o: fn(x, c, o), old, parts)
-
-    # fn of every member (the same program shape: XLA's rewrites, e.g. of a division by
-    # a broadcast value into a multiplication, apply alike).
-    want = [np.asarray(v) for v in jax.jit(jax.vmap(fn))(x, c, old)]
-    for pred in (np.arange(n) == 5, rng.random(n) < 0.6, np.ones(n, bool)):
-        for parts in (1, 4, n):
-            out = jax.jit(jax.vmap(functools.partial(member, parts=parts)))(
-                jnp.asarray(pred), x, c, old)
-            for got, new, kept in zip(out, want, old):
-                np.testing.assert_array_equal(
-                    got, np.where(pred.reshape((n,) + (1,) * (new.ndim - 1)), new, kept))
-    out = jax.jit(jax.vmap(lambda x_, c_, o_: member(jnp.ones((), bool), x_, c_, o_, 4)))(
-        x, c, old)
-    for got, new in zip(out, want):
-        np.testing.assert_array_equal(got, new)
-    got = jax.jit(lambda x_, c_, o_: member(jnp.ones((), bool), x_, c_, o_, 4))(
-        x[2], c[2], (old[0][2], old[1][2]))
-    np.testing.assert_array_equal(got[0], jax.jit(fn)(x[2], c[2], (old[0][2], old[1][2]))[0])
 
 
 def test_is_batched_reads_the_tracers():
