@@ -3,6 +3,8 @@ values (R1–R4 of `problems.py`), exact derivatives and central finite differen
 R1's forward-mode dG/dp and Hessian-vector product, which compare with the same
 compiled adjoint gradient of G (the other transformations: tests/test_transformations.py)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,18 @@ import pytest
 import daeadjoint as dae
 from .problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
                       mass_index0, mass_index1, oscillator, robertson)
+
+
+# The continuous adjoint without its fallback to the discrete adjoint, in the tests of
+# the continuous adjoint's answers (against exact derivatives, published values,
+# differences, forward sensitivities and the discrete adjoint): a failed backward
+# integration must raise there, not pass with the discrete adjoint's gradient and a
+# warning (which would also make the comparison with the discrete adjoint trivial); and
+# each gradient program compiles without the fallback branch (a quarter of Robertson's
+# gradient program's compilation, docs/performance.md). The fallback, which the default
+# `Adjoint()` compiles: test_fallback_equals_the_discrete_adjoint_of_the_same_steps and
+# the tests after it here, and the default gradients of the other test files.
+CONTINUOUS = dae.Adjoint(fallback=False)
 
 
 # ----------------------------------------------------------- R4: the step-size pitfall
@@ -26,7 +40,7 @@ def _r4_grads(c, v0, t0, t1, rtol, tstop):
     def psi(c, v0, t0, t1):
         sol = dae.solve(oscillator, t0, t1, jnp.stack([0.0, v0]), jnp.stack([v0, 0.0]),
                         jnp.stack([c]), quadrature=x1, quad_error_control=True, rtol=rtol,
-                        atol=rtol, tstop=tstop)
+                        atol=rtol, tstop=tstop, sensitivity=CONTINUOUS)
         return sol.ys[-1, 0], sol.qs[-1, 0]
 
     return jax.jacrev(psi, argnums=(0, 1, 2, 3))(c, v0, t0, t1)
@@ -108,7 +122,7 @@ def robertson_G(p, rtol, t1):
                     algebraic=ROBERTSON_ALGEBRAIC, rtol=rtol,
                     atol=jnp.array([1e-8, 1e-14, 1e-6]) * scale,
                     quadrature=lambda t, y, yp, p: y[2:3],
-                    sensitivity=dae.Adjoint(atol=1e-8 * scale))
+                    sensitivity=dae.Adjoint(atol=1e-8 * scale, fallback=False))
     return sol.qs[-1, 0]
 
 
@@ -216,7 +230,7 @@ def _robertson_y1_final(p, rtol):
     return dae.solve(robertson, 0.0, 4e10, ROBERTSON_Y0, ROBERTSON_YP0, p,
                      algebraic=ROBERTSON_ALGEBRAIC, rtol=rtol,
                      atol=jnp.array([1e-10, 1e-14, 1e-8]) * rtol / 1e-6,
-                     sensitivity=dae.Adjoint()).ys[-1, 0]
+                     sensitivity=CONTINUOUS).ys[-1, 0]
 
 
 def test_adjoint_boundary_layer_at_late_times():
@@ -238,14 +252,15 @@ def test_adjoint_boundary_layer_at_late_times():
 @jax.jit
 def r2_grad(y0, rtol):
     return jax.grad(lambda y0: dae.solve(mass_index0, 0.0, 1.57, y0, jnp.array([1.0, 0.0]),
-                                         rtol=rtol, atol=rtol * 1e-2).ys[-1].sum())(y0)
+                                         rtol=rtol, atol=rtol * 1e-2,
+                                         sensitivity=CONTINUOUS).ys[-1].sum())(y0)
 
 
 @jax.jit
 def r3_grad(y0, rtol):
     return jax.grad(lambda y0: dae.solve(mass_index1, 0.0, 1.0, y0, jnp.array([-1.0, 0.0]),
                                          algebraic=jnp.array([False, True]), rtol=rtol,
-                                         atol=rtol * 1e-2).ys[-1].sum())(y0)
+                                         atol=rtol * 1e-2, sensitivity=CONTINUOUS).ys[-1].sum())(y0)
 
 
 @pytest.mark.parametrize("rtol", [1e-7, 1e-9])
@@ -281,8 +296,7 @@ KIN_TS = jnp.array([0.5, 1.0, 2.0, 3.0])
 KIN_W = jnp.array([[1.0, -0.5, 2.0], [0.3, 0.0, -1.0], [0.0, 1.5, 0.7], [-0.4, 0.2, 1.0]])
 
 
-@jax.jit
-def kinetics_loss(theta, rtol):
+def _kinetics_loss(theta, rtol, sensitivity=None):
     """Observations on every component (incl. the algebraic y3) at 4 times, y' of a
     differential component, and an integral of y3²; θ = (p1..p4, y1(0), y2(0))."""
     p, y0d = theta[:4], theta[4:]
@@ -290,12 +304,14 @@ def kinetics_loss(theta, rtol):
     sol = dae.solve(kinetics, 0.0, 3.0, y0, jnp.zeros(3), p, saveat=KIN_TS,
                     algebraic=jnp.array([False, False, True]), init="ya_ydp",
                     quadrature=lambda t, y, yp, p: y[2:3] ** 2, quad_error_control=True,
-                    rtol=rtol, atol=rtol)
+                    rtol=rtol, atol=rtol, sensitivity=sensitivity)
     return (jnp.sum(KIN_W * sol.ys) + jnp.sum(jnp.sin(sol.ys[:, 2]))
             + 0.7 * sol.yps[1, 0] + sol.qs[-1, 0])
 
 
-kinetics_grad = jax.jit(jax.grad(kinetics_loss))
+kinetics_loss = jax.jit(_kinetics_loss)
+# The continuous adjoint alone (CONTINUOUS above).
+kinetics_grad = jax.jit(jax.grad(functools.partial(_kinetics_loss, sensitivity=CONTINUOUS)))
 
 
 def test_index1_gradient_matches_finite_differences():
@@ -399,7 +415,8 @@ def test_init_y_gradient_semantics():
     def y1_end(y0, c, p):
         sol = dae.solve(lambda t, y, yp, p: jnp.stack([yp[0] + y[0] - p, y[1] - y[0] ** 2]),
                         0.0, 1.0, y0, jnp.stack([c, 0.0]), p,
-                        algebraic=jnp.array([False, True]), init="y", rtol=rtol, atol=rtol)
+                        algebraic=jnp.array([False, True]), init="y", rtol=rtol, atol=rtol,
+                        sensitivity=CONTINUOUS)
         return sol.ys[-1, 0]
 
     g_y0, g_c, g_p = jax.jit(jax.grad(y1_end, argnums=(0, 1, 2)))(jnp.zeros(2), 0.3, 2.0)

@@ -91,10 +91,21 @@ def _mats(prob):
     return tuple(jnp.asarray(prob[k]) for k in ("A0", "B", "C", "D", "Pb", "Pc"))
 
 
+# The continuous adjoint without its fallback to the discrete adjoint: the gradients
+# checked here are the continuous adjoint's, and a failed backward integration must
+# raise, not pass with the discrete adjoint's gradient and a warning; and the gradient
+# program compiles without the fallback branch (a quarter of a gradient program's
+# compilation, docs/performance.md). The fallback, which the default `Adjoint()`
+# compiles: tests/test_adjoint.py::test_fallback_equals_the_discrete_adjoint_of_the_same_steps
+# and the tests after it. (Forward solves and forward mode do not use it.)
+CONTINUOUS = dae.Adjoint(fallback=False)
+
+
 def solve(theta, p, y0, mats, rtol, atol):
     # y0's algebraic part is only a guess: init="ya_ydp" computes it (and y'0).
     return dae.solve(residual, 0.0, T1, y0, args=(theta, p, mats), saveat=jnp.asarray(T_OBS),
-                     algebraic=jnp.asarray(ALGEBRAIC), init="ya_ydp", rtol=rtol, atol=atol)
+                     algebraic=jnp.asarray(ALGEBRAIC), init="ya_ydp", rtol=rtol, atol=atol,
+                     sensitivity=CONTINUOUS)
 
 
 def loss(theta, p, y0, mats, w, rtol=RTOL, atol=ATOL):

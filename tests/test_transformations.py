@@ -4,6 +4,8 @@ against central differences of adjoint gradients (R1, R4 of `problems.py`). R1's
 forward-mode dG/dp and Hessian-vector product, which compare with the adjoint gradient
 of G, are in tests/test_adjoint.py beside its compiled program."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,8 +14,15 @@ import pytest
 import daeadjoint as dae
 from .problems import (ROBERTSON_ALGEBRAIC, ROBERTSON_P, ROBERTSON_Y0, ROBERTSON_YP0,
                       oscillator, robertson)
-from .test_adjoint import (KIN_TS, KIN_W, ROB_ATOL, hvp_vs_fd, kinetics, kinetics_grad,
-                           kinetics_loss)
+from .test_adjoint import (CONTINUOUS, KIN_TS, KIN_W, ROB_ATOL, hvp_vs_fd, kinetics,
+                           kinetics_grad, kinetics_loss)
+
+# CONTINUOUS (Adjoint(fallback=False), tests/test_adjoint.py) in the reverse-mode checks
+# against exact derivatives, forward mode and differences below: the continuous
+# adjoint's answers, a failed backward integration raising instead of passing with the
+# discrete adjoint's gradient, and no fallback branch to compile. The default
+# `Adjoint()` (with the fallback) stays in the batched gradients here and in
+# test_user_inputs_and_messages.py::test_every_transformation_and_second_order.
 
 # ------------------------------------------------------- R1: forward sensitivities
 # (dG/dp by forward mode against the adjoint's: tests/test_adjoint.py's
@@ -67,25 +76,25 @@ def test_sensitivity_nonconvergence_redoes_the_step_not_fails_it():
 
 
 # ------------------------------------- nonlinear index 1: forward == reverse == FD
-def _theta_loss(theta, rtol):
+def _theta_loss(theta, rtol, sensitivity=None):
     """The kinetics loss of test_adjoint with an observation time also a parameter."""
-    return kinetics_loss_t(theta[:6], theta[6], rtol)
+    return kinetics_loss_t(theta[:6], theta[6], rtol, sensitivity)
 
 
-def kinetics_loss_t(theta, t_obs, rtol):
+def kinetics_loss_t(theta, t_obs, rtol, sensitivity=None):
     p, y0d = theta[:4], theta[4:]
     y0 = jnp.concatenate([y0d, jnp.zeros(1)])
     sol = dae.solve(kinetics, 0.0, 3.0, y0, jnp.zeros(3), p, saveat=KIN_TS.at[1].set(t_obs),
                     algebraic=jnp.array([False, False, True]), init="ya_ydp",
                     quadrature=lambda t, y, yp, p: y[2:3] ** 2, quad_error_control=True,
-                    rtol=rtol, atol=rtol)
+                    rtol=rtol, atol=rtol, sensitivity=sensitivity)
     return (jnp.sum(KIN_W * sol.ys) + jnp.sum(jnp.sin(sol.ys[:, 2]))
             + 0.7 * sol.yps[1, 0] + sol.qs[-1, 0])
 
 
 THETA7 = jnp.array([0.8, 2.0, 0.3, 0.5, 1.0, 0.2, 1.0])
 _fwd7 = jax.jit(jax.jacfwd(_theta_loss))
-_rev7 = jax.jit(jax.grad(_theta_loss))
+_rev7 = jax.jit(jax.grad(functools.partial(_theta_loss, sensitivity=CONTINUOUS)))
 
 
 def test_jacfwd_equals_jacrev_nonlinear_index1():
@@ -157,7 +166,7 @@ def test_derivative_across_a_kink_of_an_algebraic_variable(mode):
     def f(k):
         return dae.solve(kinked, 0.0, 2.0, jnp.array([1.0, 1.0]), jnp.array([-k, 0.0]), k,
                          algebraic=jnp.array([False, True]), saveat=ts, rtol=rtol,
-                         atol=rtol).ys
+                         atol=rtol, sensitivity=CONTINUOUS).ys
 
     t = np.asarray(ts)
     exact = np.stack([-t * np.exp(-t), np.where(np.exp(-t) > 0.5, -t * np.exp(-t), 0.0)], 1)
@@ -284,7 +293,7 @@ def r4_hessians(theta, rtol):
         c, v0 = th[0], th[1]
         sol = dae.solve(oscillator, 0.0, jnp.pi / 2, jnp.stack([0.0, v0]), jnp.stack([v0, 0.0]),
                         jnp.stack([c]), quadrature=_x1, quad_error_control=True, rtol=rtol,
-                        atol=rtol)
+                        atol=rtol, sensitivity=CONTINUOUS)
         return jnp.stack([sol.ys[-1, 0], sol.qs[-1, 0]])
     return jax.hessian(psi)(theta)
 

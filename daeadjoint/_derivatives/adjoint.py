@@ -61,6 +61,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Float, Int
 
+from .._bdf import NPHI
 from .._consistency import Split, consistency_factor, consistency_solve, split_at
 from .._core import build_problem
 from .._events import observations
@@ -904,10 +905,14 @@ class _Nodes(eqx.Module):
 
     @staticmethod
     def of(buf: StepRecorder):
-        """The split view of `buf`, or `buf` itself where splitting cannot keep the
-        reads small (one row of y over the size: large n, whose step loop is not
-        sequential anyway) or is not needed (the whole buffer is small), or for the
-        BDF interpolant (`interpolation="bdf"`, whose history rows are 6n values).
+        """The split view of `buf`, or `buf` itself where splitting buys nothing: where
+        (A)'s step loop is not sequential anyway (its history φ, NPHI rows of n values,
+        is over the size: n ≥ 11 in float64, as `SegmentRecorder.pays`) or the whole
+        buffer is small, or for the BDF interpolant (`interpolation="bdf"`, whose
+        history rows are 6n values). Each read of the pieces is a chain of selects, one
+        per piece, and every evaluation reads six rows: splitting by the size alone
+        gave a 40-unknown DAE 109 pieces of one row (1308 reads in its gradient
+        program) and more than doubled its compilation (21 → 47 s; tests/test_linear_solvers.py).
         Not used for a batch's steps (`integrate_segment`): each piece then holds every
         member's rows, over the size for all but tiny batches, and each of its reads is
         a gather of its own (a kernel XLA compiles; 56 of them in the Jacobian setups
@@ -916,7 +921,8 @@ class _Nodes(eqx.Module):
         rows, n = buf.y.shape
         rows_t = SEQUENTIAL_BUFFER_BYTES // item
         rows_y = SEQUENTIAL_BUFFER_BYTES // max(n * item, 1)
-        if not buf.hermite or rows_y == 0 or rows <= min(rows_t, rows_y):
+        sequential = NPHI * n * item <= SEQUENTIAL_BUFFER_BYTES
+        if not buf.hermite or not sequential or rows <= min(rows_t, rows_y):
             return buf
 
         def split(x, r):
