@@ -25,7 +25,9 @@ error control on μ (the "λ̄" of Li & Petzold), on the λ_i of differential eq
 on the parameter-gradient quadrature (Li & Petzold §5.5, Table 2). The multipliers of
 algebraic equations are left out of the test: they follow F_y(t, y(t), y'(t)) of the
 interpolated forward solution algebraically. The Newton rate is re-estimated every step
-because (A) is linear (Li & Petzold §5.3). Its iteration matrix [[cj I, F_yᵀ], [I, −F_y'ᵀ]]
+because (A) is linear (Li & Petzold §5.3); for small dense systems the iteration matrix
+is instead set up at every attempt and one exact iteration taken (`fresh_matrix`). Its
+iteration matrix [[cj I, F_yᵀ], [I, −F_y'ᵀ]]
 is solved through the *transpose* of the forward iteration matrix J = F_y + cj F_y', with
 whatever linear solver the forward problem uses (`AdjointSolver`):
 
