@@ -121,6 +121,9 @@ class Problem(eqx.Module):
     # re-estimated on every step instead of trusting the previous step's, and an
     # iteration with a current J is exact (Li & Petzold, DASPKADJOINT §5.3).
     reset_newton_rate: bool = eqx.field(static=True, default=False)
+    # With `reset_newton_rate`, unbatched: set J up at every attempt, so that its one
+    # iteration is exact (`newton_solve`'s `fresh`; `_derivatives.adjoint.fresh_matrix`).
+    fresh_matrix: bool = eqx.field(static=True, default=False)
     # Forward sensitivities (k tangent directions), or None.
     sens: SensitivityProblem | None = None
     # IDASetConstraints (0, ±1, ±2 per component) or None; IDASetMaxStep, IDASetMinStep,
@@ -483,7 +486,8 @@ def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
     (`new_matrix`). The convergence-rate factor S restarts at 20 with a new J and at 100
     when cj changed (IDAS `IDANls`); for a residual linear in y (the adjoint) it is reset
     every step and one iteration with a current J is exact (Li & Petzold, DASPKADJOINT
-    §5.3).
+    §5.3); with `fresh_matrix` (small n, unbatched) J is set up at every attempt and that
+    one exact iteration taken.
 
     With `constraints` (IDAS `IDANls`): a converged y violating them is projected back
     when the projection's norm is below the Newton tolerance; otherwise the step is
@@ -504,11 +508,14 @@ def correct_state(problem: Problem, s: State, coef: Coefficients, t_eval, h,
     rate_factor = where(cj != s.cj, 100.0, rate_factor)
     if problem.reset_newton_rate:
         rate_factor = jnp.full_like(rate_factor, 100.0)
+    # A batched step loop (`iterations`) keeps the reused J and the rate test.
+    fresh = problem.fresh_matrix and problem.reset_newton_rate and iterations is None
     newton = newton_solve(problem.residual, problem.args, problem.linear_solver, t_eval,
                           y_pred, yp_pred, cj, ewt, s.lin_state, s.jac_point, cj_old,
                           rate_factor, setup, linear=problem.reset_newton_rate,
                           mask_probe=problem.algebraic_probe, index2=problem.index2,
-                          iterations=iterations, resume=resume, active=active)
+                          iterations=iterations, resume=resume, active=active,
+                          fresh=fresh)
     ee = newton.ee
     converged = newton.converged
     constraint_fail = jnp.zeros((), bool)

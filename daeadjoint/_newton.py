@@ -151,7 +151,8 @@ def idle_iteration(y, linear_solver) -> _Iteration:
 def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
                  lin_state, jac_point, cj_old, ss, force_setup, linear: bool = False,
                  mask_probe=None, index2=None, iterations: int | None = None,
-                 resume: _Iteration | None = None, active=None) -> NewtonResult:
+                 resume: _Iteration | None = None, active=None,
+                 fresh: bool = False) -> NewtonResult:
     """Run the modified Newton iteration from e = 0. See the module docstring.
 
     `iterations`: run at most this many iterations, unrolled (straight-line code, no
@@ -183,6 +184,12 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
     cj, one iteration is then exact (Li & Petzold, DASPKADJOINT §5.3), and the rate test
     would only measure roundoff — which, for badly conditioned J, can look like
     divergence — so the first such iteration is accepted.
+
+    `fresh` (with `linear`, unbatched: neither `iterations` nor `active`): set J up at
+    this t and cj on every call and take that one exact iteration, straight-line —
+    the other of Li & Petzold's two remedies (§5.3: a Jacobian at every step, or the
+    rate re-estimated at every step), cheaper where a setup costs about an iteration
+    (small n: `_derivatives.adjoint.fresh_matrix`).
 
     `index2`: bool mask of the index-2 variables (Hessenberg index 2), or None. A
     matrix-based solver then factors J D, D = diag(cj on index-2 columns, 1 elsewhere),
@@ -227,8 +234,12 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         # the mask only where it is probed). `do_setup` stands in for the singularity
         # flag without a setup, where it is False.
         operand = (c.lin, do_setup, c.jac_point) + (() if mask_probe is None else (c.mask,))
-        lin, singular, jac_point, *probed = maybe_update(do_setup, setup, operand,
-                                                         pass_operand=True, selects=True)
+        if fresh:
+            # Set up on every call: straight-line, no one-trip loop.
+            lin, singular, jac_point, *probed = setup(operand)
+        else:
+            lin, singular, jac_point, *probed = maybe_update(do_setup, setup, operand,
+                                                             pass_operand=True, selects=True)
         mask = probed[0] if probed else c.mask
         singular = do_setup & singular
         cj_old_ = where(do_setup, cj, c.cj_old)
@@ -307,7 +318,11 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         go_on = resume.status == 0
         init = init._replace(**{f: tree_where(go_on, getattr(resume, f), getattr(init, f))
                                 for f in _Iteration._fields if f not in ("lin", "jac_point")})
-    if iterations is None:
+    if fresh:
+        # J set up at t and cj, then one iteration, which converges (or fails: singular,
+        # not finite), straight-line: no loop, nothing to retry.
+        out = body(init._replace(setup=jnp.ones((), bool)))
+    elif iterations is None:
         out = packed_while_loop(cond, body, init)
     else:
         # Every member starts running (status 0: a fresh start or a resumed one), so

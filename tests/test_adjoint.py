@@ -767,6 +767,43 @@ def _quadrature_decay(k, adjoint, n=1):
     return jnp.sum(sol.ys) + sol.qs[-1, 0]
 
 
+def test_small_adjoint_sets_up_its_matrix_and_iterates_once_per_attempt(monkeypatch):
+    """For small dense systems (A)'s iteration matrix is set up at every attempt and its
+    one iteration is exact (`adjoint.fresh_matrix`): Newton iterations = Jacobian setups
+    = attempts, none failing; the gradient is the exact one (`_quadrature_decay`, as in
+    the fallback test below) to 100·rtol. Larger n reuses J (not run here: the choice
+    is static, by the solver and n)."""
+    from daeadjoint._derivatives import adjoint as adjoint_module
+    from daeadjoint._linalg.linear_solver import SMALL_N, DenseLU
+    assert adjoint_module.fresh_matrix(DenseLU(), SMALL_N)
+    assert not adjoint_module.fresh_matrix(DenseLU(), SMALL_N + 1)
+    counts = {}
+    orig = adjoint_module.integrate
+
+    def counted(problem, state, *a, **kw):
+        out = orig(problem, state, *a, **kw)
+        if isinstance(problem.linear_solver, adjoint_module.AdjointSolver):
+            keys = ("num_steps", "num_error_test_failures", "num_nonlinear_convergence_failures",
+                    "num_nonlinear_iters", "num_jacobian_evals")
+            jax.debug.callback(lambda d: [counts.__setitem__(k, counts.get(k, 0) + int(v))
+                                          for k, v in d.items()],
+                               {k: out[0].stats[k] - state.stats[k] for k in keys})
+        return out
+
+    monkeypatch.setattr(adjoint_module, "integrate", counted)
+    n, k = 2, 0.7
+    g = float(jax.grad(_quadrature_decay)(k, dae.Adjoint(fallback=False), n))
+    jax.effects_barrier()
+    attempts = counts["num_steps"] + counts["num_error_test_failures"]
+    assert counts["num_nonlinear_convergence_failures"] == 0, counts
+    assert attempts > 10, counts
+    assert counts["num_nonlinear_iters"] == counts["num_jacobian_evals"] == attempts, counts
+    ts = np.linspace(0.0, 2.0, 7)
+    exact = (n * np.sum(-ts * np.exp(-k * ts)) + 4 * np.exp(-4 * k) / (2 * k)
+             - (1 - np.exp(-4 * k)) / (2 * k**2))
+    assert abs(g - exact) <= 100 * 1e-7 * abs(exact)
+
+
 # n = 12: the forward run keeps its last segment (`SegmentRecorder.pays`), which the
 # continuous pass reads and the discrete pass replays.
 @pytest.mark.parametrize("n", [1, 12])

@@ -25,7 +25,9 @@ error control on μ (the "λ̄" of Li & Petzold), on the λ_i of differential eq
 on the parameter-gradient quadrature (Li & Petzold §5.5, Table 2). The multipliers of
 algebraic equations are left out of the test: they follow F_y(t, y(t), y'(t)) of the
 interpolated forward solution algebraically. The Newton rate is re-estimated every step
-because (A) is linear (Li & Petzold §5.3). Its iteration matrix [[cj I, F_yᵀ], [I, −F_y'ᵀ]]
+because (A) is linear (Li & Petzold §5.3); for small dense systems the iteration matrix
+is instead set up at every attempt and one exact iteration taken (`fresh_matrix`). Its
+iteration matrix [[cj I, F_yᵀ], [I, −F_y'ᵀ]]
 is solved through the *transpose* of the forward iteration matrix J = F_y + cj F_y', with
 whatever linear solver the forward problem uses (`AdjointSolver`):
 
@@ -493,7 +495,21 @@ def adjoint_problem(terms: _Terms, linear_solver, n, k, equations, buf, w, p, rt
         args=(buf, w, p, t_r), rtol=rtol, atol=jnp.full((2 * n * k,), atol, dtype),
         error_mask=jnp.tile(one, k), quad_rtol=rtol, quad_atol=jnp.full((npar * k,), atol, dtype),
         quad_error_control=quad_error_control and npar > 0, tstop=s_stop,
-        reset_newton_rate=True, error_groups=k)
+        reset_newton_rate=True, fresh_matrix=fresh_matrix(linear_solver, n), error_groups=k)
+
+
+def fresh_matrix(linear_solver, n: int) -> bool:
+    """Whether (A)'s iteration matrix is set up at every attempt (unbatched;
+    `Problem.fresh_matrix`), each attempt then taking one exact iteration, instead of
+    reused while cj allows, its iterations tested from a rate of 100. Li & Petzold
+    (DASPKADJOINT §5.3) name both remedies for a linear DAE's Newton test and chose the
+    second because a Jacobian costs far more than a residual; for the dense solver's
+    small n (the unrolled Gauss–Jordan inverse, n ≤ SMALL_N) a setup costs about an
+    iteration (Robertson's gradient: 37 against 36 thunks), and one exact iteration
+    per attempt replaces 1.8 (Robertson: 628 attempts, 628 iterations and setups
+    instead of 708, 1280 and 120; docs/performance.md)."""
+    from .._linalg.linear_solver import SMALL_N, DenseLU
+    return isinstance(linear_solver, DenseLU) and n <= SMALL_N
 
 
 # ------------------------------------------------------------ observation jumps
