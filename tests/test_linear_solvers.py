@@ -168,7 +168,7 @@ REFERENCE = dae.Adjoint(fallback=False)
 
 
 def _value_and_grad_fn(problem, solver, sensitivity):
-    objective, p, y0, band = PROBLEMS[problem]
+    objective, _, _, band = PROBLEMS[problem]
     ls = SOLVERS[solver](band)
     return jax.value_and_grad(lambda p, y0: objective(p, y0, ls, sensitivity),
                               argnums=(0, 1), has_aux=True)
