@@ -155,20 +155,30 @@ PROBLEMS = {
 # such a failure raises, and no reference is produced). It is a quarter of a gradient
 # program's compilation (Robertson's gradient: 12.8-13.8 -> 9.7 XLA CPU s,
 # docs/performance.md; this file's banded DAE reference: 62.7, 65.4 -> 45.7, 56.5 in
-# two interleaved pairs of processes, load 2-5), and
-# the solvers under test keep it, as users compile them.
+# two interleaved pairs of processes, load 2-5). The solvers under test compile without
+# it too: the branch is never taken on these problems, so no assertion here saw its
+# numbers, and it was 44% of SparseLU's gradient program on the banded DAE (XLA
+# compile 32.3 -> 18.0 s, lowering 8.9 -> 4.9 s; 2026-11-30, load ~4). That the default
+# `Adjoint()`'s program (with the fallback, as users compile it) still lowers with each
+# solver is checked in test_solution_and_gradient_match_dense (lowered, not compiled:
+# the fallback's tracing with the solver, without XLA's ~14 s); the fallback's numbers: tests/test_adjoint.py's
+# test_fallback_equals_the_discrete_adjoint_of_the_same_steps and
+# test_fallback_in_a_batch_only_where_the_continuous_adjoint_fails.
 REFERENCE = dae.Adjoint(fallback=False)
+
+
+def _value_and_grad_fn(problem, solver, sensitivity):
+    objective, _, _, band = PROBLEMS[problem]
+    ls = SOLVERS[solver](band)
+    return jax.value_and_grad(lambda p, y0: objective(p, y0, ls, sensitivity),
+                              argnums=(0, 1), has_aux=True)
 
 
 @functools.lru_cache(maxsize=None)
 def value_and_grad(problem, solver):
     """Compiled once per (problem, solver) and shared by the tests."""
-    objective, p, y0, band = PROBLEMS[problem]
-    ls = SOLVERS[solver](band)
-    sensitivity = REFERENCE if solver == "dense" else None
-    fn = jax.jit(jax.value_and_grad(lambda p, y0: objective(p, y0, ls, sensitivity),
-                                    argnums=(0, 1), has_aux=True))
-    return fn(p, y0)
+    _, p, y0, _ = PROBLEMS[problem]
+    return jax.jit(_value_and_grad_fn(problem, solver, REFERENCE))(p, y0)
 
 
 # ------------------------------------------------------------------ the same answers
@@ -209,8 +219,18 @@ def _match_dense_cases():
 
 @pytest.mark.parametrize(("problem", "solver"), _match_dense_cases())
 def test_solution_and_gradient_match_dense(problem, solver):
-    """Solution (every saved row) and the adjoint gradient w.r.t. parameters and y0."""
-    (val, ys), (gp, gy0) = value_and_grad(problem, solver)
+    """Solution (every saved row) and the adjoint gradient w.r.t. parameters and y0; and
+    the default `Adjoint()`'s gradient program (its fallback to the discrete adjoint
+    included) lowers with the solver, to the same output shapes: traced to XLA's input,
+    not compiled (the backward pass is a primitive traced at lowering, so
+    `jax.eval_shape` would not reach it)."""
+    _, p, y0, _ = PROBLEMS[problem]
+    lowered = jax.jit(_value_and_grad_fn(problem, solver, None)).lower(p, y0)
+    out = value_and_grad(problem, solver)
+    assert jax.tree_util.tree_structure(lowered.out_info) == jax.tree_util.tree_structure(out)
+    assert [(s.shape, s.dtype) for s in jax.tree_util.tree_leaves(lowered.out_info)] == [
+        (a.shape, a.dtype) for a in jax.tree_util.tree_leaves(out)]
+    (val, ys), (gp, gy0) = out
     (val_d, ys_d), (gp_d, gy0_d) = value_and_grad(problem, "dense")
     close(ys, ys_d)
     close(val, val_d)
