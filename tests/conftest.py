@@ -56,9 +56,11 @@ def pytest_addoption(parser):
 # test_adjoint.py: the CPU seconds of a single-file `-n 0` run on 2026-11-29 at load 2-3,
 # after R1's jacfwd-of-G and HVP tests moved in from test_transformations.py, which
 # lost them (193 CPU s in the same conditions).
+# test_testset.py: scaled by its single-file `-n 0` wall time before/after the Gauss–Jordan
+# loop for 4 <= n <= 8 (2026-11-30, load ~3: 190.9 -> 132.7 s).
 # Files not listed (a few seconds each, or only slow tests) count as 0 and run last.
 FILE_SECONDS = {
-    "test_transformations.py": 190, "test_testset.py": 195, "test_linear_solvers.py": 325,
+    "test_transformations.py": 190, "test_testset.py": 135, "test_linear_solvers.py": 325,
     "test_adjoint.py": 250, "test_krylov.py": 185, "test_singular_mass_matrix.py": 180,
     "test_right_answer_or_clear_failure.py": 185, "test_index2.py": 180,
     "test_random_dae.py": 140, "test_breakpoints.py": 50, "test_events.py": 130,
