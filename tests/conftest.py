@@ -64,9 +64,11 @@ def pytest_addoption(parser):
 # test_linear_solvers.py: less the ~12 s its banded-DAE gradient test lost (the SparseLU
 # program without the untaken fallback, only lowered with it; 70 -> 58 s at load ~3.5,
 # 39.9 -> 31.2 s at load ~2.5; the whole file 208 s wall at load 2-3.4 after it).
+# test_testset.py: scaled by its single-file `-n 0` wall time before/after the Gauss–Jordan
+# loop for 4 <= n <= 8 (2026-11-30, load ~3: 190.9 -> 132.7 s).
 # Files not listed (a few seconds each, or only slow tests) count as 0 and run last.
 FILE_SECONDS = {
-    "test_transformations.py": 190, "test_testset.py": 195, "test_linear_solvers.py": 245,
+    "test_transformations.py": 190, "test_testset.py": 135, "test_linear_solvers.py": 245,
     "test_adjoint.py": 190, "test_krylov.py": 160, "test_singular_mass_matrix.py": 180,
     "test_right_answer_or_clear_failure.py": 185, "test_index2.py": 180,
     "test_random_dae.py": 105, "test_breakpoints.py": 50, "test_events.py": 130,

@@ -504,10 +504,12 @@ def fresh_matrix(linear_solver, n: int) -> bool:
     reused while cj allows, its iterations tested from a rate of 100. Li & Petzold
     (DASPKADJOINT §5.3) name both remedies for a linear DAE's Newton test and chose the
     second because a Jacobian costs far more than a residual; for the dense solver's
-    small n (the unrolled Gauss–Jordan inverse, n ≤ SMALL_N) a setup costs about an
-    iteration (Robertson's gradient: 37 against 36 thunks), and one exact iteration
-    per attempt replaces 1.8 (Robertson: 628 attempts, 628 iterations and setups
-    instead of 708, 1280 and 120; docs/performance.md)."""
+    small n (its Gauss–Jordan inverse, n ≤ SMALL_N) a setup costs about an iteration
+    (Robertson's gradient: 37 against 36 thunks), and one exact iteration per attempt
+    replaces 1.8 (Robertson: 628 attempts, 628 iterations and setups instead of 708,
+    1280 and 120; docs/performance.md). Timed on Robertson (n = 3) only; for
+    4 ≤ n ≤ 8, whose inverse is a loop over the columns, the iterations it saves were
+    counted (the transistor amplifier, n = 8: 10 714 → 4 507), not timed."""
     from .._linalg.linear_solver import SMALL_N, DenseLU
     return isinstance(linear_solver, DenseLU) and n <= SMALL_N
 

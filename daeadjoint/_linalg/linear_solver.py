@@ -262,10 +262,11 @@ def factor(matrix: Float[Array, "n n"]):
     algebraic ones), and equilibrating makes the pivots comparable, so the singularity
     test below is scale-free. Then:
 
-    - n ≤ SMALL_N: the explicit inverse by Gauss–Jordan with partial pivoting, unrolled
-      over the n columns. Solves become one mat-vec; under `vmap` everything is plain
-      vectorized arithmetic (a batch of small LAPACK solves costs a library call per
-      member on a CPU, the mat-vec one vectorized operation).
+    - n ≤ SMALL_N: the explicit inverse by Gauss–Jordan with partial pivoting (unrolled
+      over the columns for n ≤ 3, a loop over them above: `UNROLLED_GAUSS_JORDAN_N`).
+      Solves become one mat-vec; under `vmap` everything is plain vectorized
+      arithmetic (a batch of small LAPACK solves costs a library call per member on a
+      CPU, the mat-vec one vectorized operation).
     - otherwise: LU through lineax (O(n²) triangular solves)."""
     d = row_scaling(matrix)
     scaled = matrix * d[:, None]
@@ -278,10 +279,36 @@ def factor(matrix: Float[Array, "n n"]):
     return lu_state, d, jnp.diagonal(lu)
 
 
+# Up to this n `_gauss_jordan_inverse` is unrolled over the columns; above it, a loop.
+# The unrolled pivot search is O(n²) selects of whole rows, which XLA duplicates into
+# many kernels: `factor` alone of an 8×8 matrix compiled to 7.6k HLO lines, 82 kernels
+# and 6-9 s (load 3-4), against 0.3-0.4 s and 331 lines in the loop, with the same
+# results bit for bit (the same pivots, the same arithmetic) and no slower run (8×8:
+# ~20-55 µs against 130-530 µs; a batch of 64: 200-460 µs against 340-900 µs). Every
+# program that sets up a small dense matrix carries one copy per setup site (the
+# transistor amplifier's gradient, n = 8: four). n ≤ 3 stays unrolled (0.2-0.4 s).
+UNROLLED_GAUSS_JORDAN_N = 3
+
+
 def _gauss_jordan_inverse(a):
     """Inverse and the pivots (= U's diagonal of LU with partial pivoting)."""
     n = a.shape[0]
     m = jnp.concatenate([a, jnp.eye(n, dtype=a.dtype)], axis=1)
+    if n > UNROLLED_GAUSS_JORDAN_N:
+        rows = jax.lax.broadcasted_iota(jnp.int32, (n,), 0)
+
+        def column(j, carry):
+            m, pivots = carry
+            col = jnp.abs(jax.lax.dynamic_index_in_dim(m, j, 1, keepdims=False))
+            # p = argmax_{i ≥ j} |m_ij|: the first of equals, a NaN the largest (as the
+            # unrolled search below); rows above j are out of the running.
+            p = jnp.argmax(where(rows >= j, col, -1.0)).astype(jnp.int32)
+            rp = jax.lax.dynamic_index_in_dim(m, p, 0, keepdims=False)
+            m, piv = gauss_jordan_step(m, j, p, rp)
+            return m, jax.lax.dynamic_update_index_in_dim(pivots, piv, j, 0)
+
+        m, pivots = jax.lax.fori_loop(0, n, column, (m, jnp.zeros((n,), a.dtype)))
+        return m[:, n:], pivots
     pivots = []
     for j in range(n):
         # p = argmax_{i ≥ j} |m_ij| (the first of equals; a NaN counts as the largest, as
