@@ -33,7 +33,8 @@ from ._integrator import (CheckpointRecorder, DenseRecorder, Outputs, Problem, S
                           initial_state, initial_step, integrate)
 from ._ops import where
 from ._linalg.linear_solver import (AbstractLinearSolver, DenseLU, factored_is_singular,
-                                    gauss_jordan_step, masked_residual, row_scaling)
+                                    gauss_jordan_columns, masked_residual,
+                                    row_scaling)
 from ._results import RESULTS
 
 
@@ -291,19 +292,7 @@ def _dense_correction(residual, t, y, yp, args, split, f):
     # [D C | D f]: each column step makes column j a unit vector and carries out the
     # same row operations on D f, which ends as C⁻¹ f.
     m = jax.lax.concatenate([C * d[:, None], (d * f)[:, None]], 1)
-    rows = jax.lax.broadcasted_iota(jnp.int32, (n,), 0)
-
-    def column(j, carry):
-        m, pivots = carry
-        col = jnp.abs(jax.lax.dynamic_index_in_dim(m, j, 1, keepdims=False))
-        # p = argmax_{i ≥ j} |m_ij|: the first of equals, a NaN the largest (as
-        # `factor`'s pivot search); rows above j are out of the running.
-        p = jnp.argmax(where(rows >= j, col, -1.0)).astype(jnp.int32)
-        rp = jax.lax.dynamic_index_in_dim(m, p, 0, keepdims=False)
-        m, piv = gauss_jordan_step(m, j, p, rp)
-        return m, jax.lax.dynamic_update_index_in_dim(pivots, piv, j, 0)
-
-    m, pivots = jax.lax.fori_loop(0, n, column, (m, jnp.zeros((n,), C.dtype)))
+    m, pivots = gauss_jordan_columns(m)
     return m[:, n], factored_is_singular((None, pivots))
 
 

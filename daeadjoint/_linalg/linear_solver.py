@@ -295,19 +295,7 @@ def _gauss_jordan_inverse(a):
     n = a.shape[0]
     m = jnp.concatenate([a, jnp.eye(n, dtype=a.dtype)], axis=1)
     if n > UNROLLED_GAUSS_JORDAN_N:
-        rows = jax.lax.broadcasted_iota(jnp.int32, (n,), 0)
-
-        def column(j, carry):
-            m, pivots = carry
-            col = jnp.abs(jax.lax.dynamic_index_in_dim(m, j, 1, keepdims=False))
-            # p = argmax_{i ≥ j} |m_ij|: the first of equals, a NaN the largest (as the
-            # unrolled search below); rows above j are out of the running.
-            p = jnp.argmax(where(rows >= j, col, -1.0)).astype(jnp.int32)
-            rp = jax.lax.dynamic_index_in_dim(m, p, 0, keepdims=False)
-            m, piv = gauss_jordan_step(m, j, p, rp)
-            return m, jax.lax.dynamic_update_index_in_dim(pivots, piv, j, 0)
-
-        m, pivots = jax.lax.fori_loop(0, n, column, (m, jnp.zeros((n,), a.dtype)))
+        m, pivots = gauss_jordan_columns(m)
         return m[:, n:], pivots
     pivots = []
     for j in range(n):
@@ -325,6 +313,27 @@ def _gauss_jordan_inverse(a):
         m, piv = gauss_jordan_step(m, j, p, rp)
         pivots.append(piv)
     return m[:, n:], jnp.stack(pivots)
+
+
+def gauss_jordan_columns(m):
+    """Gauss–Jordan elimination with partial pivoting of the first n columns of m (n,
+    ·), n = m.shape[0], as a loop over the columns (`lax.fori_loop`: one copy of the
+    column step in the program). Returns (m, the pivots): m's first n columns the
+    identity, the rest multiplied by the inverse of the first n."""
+    n = m.shape[0]
+    rows = jax.lax.broadcasted_iota(jnp.int32, (n,), 0)
+
+    def column(j, carry):
+        m, pivots = carry
+        col = jnp.abs(jax.lax.dynamic_index_in_dim(m, j, 1, keepdims=False))
+        # p = argmax_{i ≥ j} |m_ij|: the first of equals, a NaN the largest (as the
+        # unrolled search of `_gauss_jordan_inverse`); rows above j are out of the running.
+        p = jnp.argmax(where(rows >= j, col, -1.0)).astype(jnp.int32)
+        rp = jax.lax.dynamic_index_in_dim(m, p, 0, keepdims=False)
+        m, piv = gauss_jordan_step(m, j, p, rp)
+        return m, jax.lax.dynamic_update_index_in_dim(pivots, piv, j, 0)
+
+    return jax.lax.fori_loop(0, n, column, (m, jnp.zeros((n,), m.dtype)))
 
 
 def row_scaling(matrix):
