@@ -774,9 +774,9 @@ def test_small_adjoint_sets_up_its_matrix_and_iterates_once_per_attempt(monkeypa
     the fallback test below) to 100·rtol. Larger n reuses J (not run here: the choice
     is static, by the solver and n)."""
     from daeadjoint._derivatives import adjoint as adjoint_module
-    from daeadjoint._linalg.linear_solver import SMALL_N, DenseLU
-    assert adjoint_module.fresh_matrix(DenseLU(), SMALL_N)
-    assert not adjoint_module.fresh_matrix(DenseLU(), SMALL_N + 1)
+    from daeadjoint._linalg.linear_solver import UNROLLED_GAUSS_JORDAN_N, DenseLU
+    assert adjoint_module.fresh_matrix(DenseLU(), UNROLLED_GAUSS_JORDAN_N)
+    assert not adjoint_module.fresh_matrix(DenseLU(), UNROLLED_GAUSS_JORDAN_N + 1)
     counts = {}
     orig = adjoint_module.integrate
 

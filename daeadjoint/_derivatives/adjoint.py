@@ -503,15 +503,16 @@ def fresh_matrix(linear_solver, n: int) -> bool:
     `Problem.fresh_matrix`), each attempt then taking one exact iteration, instead of
     reused while cj allows, its iterations tested from a rate of 100. Li & Petzold
     (DASPKADJOINT §5.3) name both remedies for a linear DAE's Newton test and chose the
-    second because a Jacobian costs far more than a residual; for the dense solver's
-    small n (its Gauss–Jordan inverse, n ≤ SMALL_N) a setup costs about an iteration
-    (Robertson's gradient: 37 against 36 thunks), and one exact iteration per attempt
-    replaces 1.8 (Robertson: 628 attempts, 628 iterations and setups instead of 708,
-    1280 and 120; docs/performance.md). Timed on Robertson (n = 3) only; for
-    4 ≤ n ≤ 8, whose inverse is a loop over the columns, the iterations it saves were
-    counted (the transistor amplifier, n = 8: 10 714 → 4 507), not timed."""
-    from .._linalg.linear_solver import SMALL_N, DenseLU
-    return isinstance(linear_solver, DenseLU) and n <= SMALL_N
+    second because a Jacobian costs far more than a residual. Where the dense solver's
+    inverse is unrolled (n ≤ UNROLLED_GAUSS_JORDAN_N = 3) a setup costs about an
+    iteration (Robertson's gradient: 37 against 36 thunks), and one exact iteration
+    per attempt replaces 1.8 (Robertson: 628 attempts, 628 iterations and setups
+    instead of 708, 1280 and 120; the gradient 8–26 % faster, docs/performance.md).
+    Where the inverse is a loop over the columns (4 ≤ n ≤ 8) it did not pay: the
+    transistor amplifier (n = 8) 1.10x and Akzo Nobel (n = 6) 1.08x the CPU time of
+    the reused matrix (medians of 15 and 21 interleaved rounds, load ~1.3)."""
+    from .._linalg.linear_solver import UNROLLED_GAUSS_JORDAN_N, DenseLU
+    return isinstance(linear_solver, DenseLU) and n <= UNROLLED_GAUSS_JORDAN_N
 
 
 # ------------------------------------------------------------ observation jumps
