@@ -68,10 +68,10 @@ from .._consistency import Split, consistency_factor, consistency_solve, split_a
 from .._core import build_problem
 from .._events import observations
 from .._jax_internals import is_batched, unvmap_all, unvmap_any
-from .._integrator import (CheckpointRecorder, Outputs, Problem, SegmentRecorder, State,
-                           StepRecorder, _write_slot, hermite, initial_state, initial_step,
-                           integrate, restore_linear_state, segment_capacity)
-from .._linalg.linear_solver import AbstractLinearSolver
+from .._integrator import (LOOP_BYTES, CheckpointRecorder, Outputs, Problem, SegmentRecorder,
+                           State, StepRecorder, _write_slot, hermite, initial_state,
+                           initial_step, integrate, restore_linear_state, segment_capacity)
+from .._linalg.linear_solver import UNROLLED_GAUSS_JORDAN_N, AbstractLinearSolver, DenseLU
 from .._newton import maybe_update
 from .._ops import packed_while_loop, taken_where, where
 from .._results import RESULTS, runtime_errors_raise, succeeded
@@ -511,7 +511,6 @@ def fresh_matrix(linear_solver, n: int) -> bool:
     Where the inverse is a loop over the columns (4 ≤ n ≤ 8) it did not pay: the
     transistor amplifier (n = 8) 1.10x and Akzo Nobel (n = 6) 1.08x the CPU time of
     the reused matrix (medians of 15 and 21 interleaved rounds, load ~1.3)."""
-    from .._linalg.linear_solver import UNROLLED_GAUSS_JORDAN_N, DenseLU
     return isinstance(linear_solver, DenseLU) and n <= UNROLLED_GAUSS_JORDAN_N
 
 
@@ -690,10 +689,11 @@ def index2_at_t0(config, inputs, split, y0, yp0, sbar, spbar, w, pbar, unravel, 
 
 
 # XLA's CPU runtime runs a loop body's operations one after another in the calling
-# thread only while every buffer each of them reads or writes is at most this many bytes;
-# past it, every trip of the loop goes through its task-graph executor, several times
-# slower per operation for small problems (`integrate`, docs/performance.md).
-SEQUENTIAL_BUFFER_BYTES = 512
+# thread only while every buffer each of them reads or writes is at most this many bytes
+# (the integrator's `LOOP_BYTES`); past it, every trip of the loop goes through its
+# task-graph executor, several times slower per operation for small problems
+# (`integrate`, docs/performance.md).
+SEQUENTIAL_BUFFER_BYTES = LOOP_BYTES
 
 
 def _empty_outputs(ts_dtype, n, nq):
