@@ -160,10 +160,12 @@ class Problem(eqx.Module):
 class State(eqx.Module):
     """Fixed-size integrator state: IDAS's history arrays, scalars and counters.
 
-    Flags that only a feature of the problem can set (`new_matrix`: forward
+    Flags that only a feature of the problem can set (`new_matrix`, `ss_sens`: forward
     sensitivities; `npress`: constraints; `restart_pending`: breakpoints) are None
     without it: each carried scalar costs the step loop a select and often a copy on
-    every attempt, even when it can never change."""
+    every attempt, even when it can never change (and `ss_sens` made Robertson's ninth
+    float scalar, one past a packed vector's 8: a second vector, its concatenate and its
+    copy in every attempt, `_ops._packing`)."""
 
     t: Float[Array, ""]
     h: Float[Array, ""]          # step size to attempt next
@@ -182,7 +184,7 @@ class State(eqx.Module):
     cj: Float[Array, ""]
     cj_old: Float[Array, ""]     # cj at the last Jacobian setup
     ss: Float[Array, ""]         # Newton convergence-rate factor S
-    ss_sens: Float[Array, ""]    # the same for the sensitivities' corrector (IDAS ssS)
+    ss_sens: Float[Array, ""] | None  # the same for the sensitivities' corrector (IDAS ssS)
     new_matrix: Bool[Array, ""] | None  # attempt the next step with J rebuilt (attempt_step)
     lin_state: Any
     jac_point: tuple             # (t, y, yp) where lin_state was built (hot restarts)
@@ -380,7 +382,7 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
         t=jnp.asarray(t0, dtype), h=h0, h_used=jnp.zeros((), dtype), k=izero + 1,
         k_used=izero, ns=izero, phase=izero, phi=phi, phiq=phiq, phis=phis, phiqs=phiqs,
         psi=jnp.zeros((NPHI,), dtype).at[0].set(h0), cj=1 / h0, cj_old=1 / h0,
-        ss=jnp.asarray(20.0, dtype), ss_sens=jnp.asarray(20.0, dtype),
+        ss=jnp.asarray(20.0, dtype), ss_sens=jnp.asarray(20.0, dtype) if k else None,
         new_matrix=jnp.zeros((), bool) if k else None, lin_state=lin_state,
         jac_point=(jnp.asarray(t0, dtype), y0, yp0), nef=izero, ncf=izero,
         npress=None if problem.constraints is None else izero,
