@@ -185,7 +185,8 @@ def _compact(t, cj, linear_solver, keep_mask: bool):
 
     def pack(c: Any, start: Any) -> Any:
         if start is None:
-            setup0, cj_old0, t0 = c.setup.astype(jnp.int32), c.cj_old, c.jac_point[0]
+            setup0 = jnp.asarray(c.setup).astype(jnp.int32)
+            cj_old0, t0 = c.cj_old, c.jac_point[0]
         else:
             setup0, cj_old0, t0 = start.setup, start.cj_old, start.jac_point[0]
         return c._replace(setup=setup0, jcur=None, cj_old=cj_old0,
@@ -287,7 +288,7 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         def setup(operand):
             # Where not `do_setup` (other members of a batch) every part is `operand`'s:
             # the factors by `setup_where`, the rest selected here.
-            lin_new, new = refresh(operand[0], operand[-1])
+            lin_new, new = refresh(operand[0], None if mask_probe is None else operand[-1])
             return (lin_new,) + taken_where(do_setup, new, operand[1:])
 
         # Everything that changes only with a setup is computed in its one-trip loop
