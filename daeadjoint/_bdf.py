@@ -10,6 +10,7 @@ the last successful step, h_used its size, ns the number of steps taken at const
 step size and order.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -49,6 +50,20 @@ def _prefix(x, op):
     return jnp.stack(out)
 
 
+@functools.cache
+def _alpha_s_sums(dtype) -> np.ndarray:
+    """Σ_{i<k} 1/(i+1) for k = 0..6 in `dtype`, summed in the order of the reduction it
+    replaces (0 + 1/1 + 1/2 + …, one rounding per term, XLA's CPU reduction being a
+    sequential loop): a constant row that `set_coefficients` picks by k, where the
+    reduction over the orders was a kernel of its own in every step."""
+    terms = [np.asarray(1.0, dtype) / np.asarray(i + 1, dtype) for i in range(NPHI)]
+    sums, total = [np.asarray(0.0, dtype)], np.asarray(0.0, dtype)
+    for term in terms:
+        total = (total + term).astype(dtype)
+        sums.append(total)
+    return np.stack(sums).astype(dtype)
+
+
 def set_coefficients(psi_old, h, k, k_used, h_used, ns_old, dtype) -> Coefficients:
     """IDAS `IDASetCoeffs`: the BDF coefficients for a step of size h at order k.
 
@@ -75,7 +90,7 @@ def set_coefficients(psi_old, h, k, k_used, h_used, ns_old, dtype) -> Coefficien
     alpha = where(i == 0, 1.0, where(active, h / where(active, psi_new, 1.0), 0.0))
     sigma = _prefix(where((i >= 1) & active, fi * alpha, 1.0), jnp.multiply)
     gamma = jnp.concatenate([jnp.zeros((1,), dtype), _prefix(alpha[:-1], jnp.add) / h])
-    alpha_s = -jnp.sum(where(i < k, 1.0 / (fi + 1), 0.0))
+    alpha_s = -row(_alpha_s_sums(dtype), k)
     alpha_0 = -jnp.sum(where(i < k, alpha, 0.0))
     alpha_k = row(alpha, k)
     ck = jnp.maximum(jnp.abs(alpha_k + alpha_s - alpha_0), alpha_k)

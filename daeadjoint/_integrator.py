@@ -160,10 +160,12 @@ class Problem(eqx.Module):
 class State(eqx.Module):
     """Fixed-size integrator state: IDAS's history arrays, scalars and counters.
 
-    Flags that only a feature of the problem can set (`new_matrix`: forward
+    Flags that only a feature of the problem can set (`new_matrix`, `ss_sens`: forward
     sensitivities; `npress`: constraints; `restart_pending`: breakpoints) are None
     without it: each carried scalar costs the step loop a select and often a copy on
-    every attempt, even when it can never change."""
+    every attempt, even when it can never change (and `ss_sens` made Robertson's ninth
+    float scalar, one past a packed vector's 8: a second vector, its concatenate and its
+    copy in every attempt, `_ops._packing`)."""
 
     t: Float[Array, ""]
     h: Float[Array, ""]          # step size to attempt next
@@ -182,7 +184,7 @@ class State(eqx.Module):
     cj: Float[Array, ""]
     cj_old: Float[Array, ""]     # cj at the last Jacobian setup
     ss: Float[Array, ""]         # Newton convergence-rate factor S
-    ss_sens: Float[Array, ""]    # the same for the sensitivities' corrector (IDAS ssS)
+    ss_sens: Float[Array, ""] | None  # the same for the sensitivities' corrector (IDAS ssS)
     new_matrix: Bool[Array, ""] | None  # attempt the next step with J rebuilt (attempt_step)
     lin_state: Any
     jac_point: tuple             # (t, y, yp) where lin_state was built (hot restarts)
@@ -380,7 +382,7 @@ def initial_state(problem: Problem, t0, y0, yp0, h0, s0=None, sp0=None, qsp0=Non
         t=jnp.asarray(t0, dtype), h=h0, h_used=jnp.zeros((), dtype), k=izero + 1,
         k_used=izero, ns=izero, phase=izero, phi=phi, phiq=phiq, phis=phis, phiqs=phiqs,
         psi=jnp.zeros((NPHI,), dtype).at[0].set(h0), cj=1 / h0, cj_old=1 / h0,
-        ss=jnp.asarray(20.0, dtype), ss_sens=jnp.asarray(20.0, dtype),
+        ss=jnp.asarray(20.0, dtype), ss_sens=jnp.asarray(20.0, dtype) if k else None,
         new_matrix=jnp.zeros((), bool) if k else None, lin_state=lin_state,
         jac_point=(jnp.asarray(t0, dtype), y0, yp0), nef=izero, ncf=izero,
         npress=None if problem.constraints is None else izero,
@@ -603,22 +605,52 @@ class ErrorTest(NamedTuple):
     norm_alg: Array | None = None
 
 
+def stacked_norms(problem: Problem, weights: Weights, hist: Parts, corr: Parts, k):
+    """The norms of `error_test` (of the correction and of the differences for orders
+    k − 1, k − 2) and `select_order_and_step`'s estimate for k + 1 (its norm / (k + 2))
+    as one reduction over a (4, n) array — or None where the norm is more than the
+    state's WRMS (quadratures or sensitivities under error control, stacked problems, no
+    unknowns) or the step is batched (`Problem.batched`). Each norm of its own was a
+    kernel of the step (a reduction whose result several operations read), and so was
+    the division; the same sums in the same order (`wrms` row by row) and the others
+    divided by 1, so the same numbers."""
+    if (problem.batched or problem.error_groups != 1 or corr.y.shape[0] == 0
+            or (problem.quad_error_control and corr.q is not None)
+            or (problem.sens is not None and problem.sens.error_control
+                and corr.s is not None)):
+        return None
+    c = corr.y
+    d1 = history_row(hist.y, k) + c
+    d2 = d1 + history_row(hist.y, k - 1)
+    up = c - history_row(hist.y, k + 1)
+    one = jnp.ones((), c.dtype)
+    divisor = jnp.stack([one, one, one, (k + 2).astype(c.dtype)])
+    return jnp.sqrt(jnp.mean((jnp.stack([c, d1, d2, up]) * weights.error) ** 2,
+                             axis=1)) / divisor
+
+
 def error_test(problem: Problem, weights: Weights, coef: Coefficients, hist: Parts,
-               corr: Parts, k) -> ErrorTest:
+               corr: Parts, k, norms=None) -> ErrorTest:
     """The local error test's estimates (IDAS manual §6.2.2): the step passes when
     C_k ‖y_n − y_n(0)‖ ≤ 1 (eq. (6.9), C_k = `coef.ck`). The estimates at orders k − 1
     and k − 2 use the differences φ_k + corr and φ_k + φ_{k−1} + corr; the order is
     lowered when max(T_{k−1}, T_{k−2}) ≤ T_k (k > 2), or T_{k−1} ≤ T_k/2 (k = 2), with
-    T_j = (j + 1) σ_j ‖·‖ (IDAS `IDATestError`)."""
+    T_j = (j + 1) σ_j ‖·‖ (IDAS `IDATestError`). `norms`: `stacked_norms`, or None."""
     sigma = coef.sigma
-    norm_k, norm_smooth, norm_alg = error_norm(problem, weights, corr, split=True)
+    if norms is None:
+        norm_k, norm_smooth, norm_alg = error_norm(problem, weights, corr, split=True)
+        diff1 = hist.map(lambda h_, c: history_row(h_, k) + c, corr)
+        diff2 = hist.map(lambda h_, d: d + history_row(h_, k - 1), diff1)
+        norm_km1 = error_norm(problem, weights, diff1)
+        norm_km2 = error_norm(problem, weights, diff2)
+    else:
+        norm_k, norm_km1, norm_km2 = norms[0], norms[1], norms[2]
+        norm_smooth = norm_alg = None
     err_k = _at(sigma, k) * norm_k
     terr_k = (k + 1) * err_k
-    diff1 = hist.map(lambda h_, c: history_row(h_, k) + c, corr)
-    err_km1 = _at(sigma, k - 1) * error_norm(problem, weights, diff1)
+    err_km1 = _at(sigma, k - 1) * norm_km1
     terr_km1 = k * err_km1
-    diff2 = hist.map(lambda h_, d: d + history_row(h_, k - 1), diff1)
-    err_km2 = _at(sigma, k - 2) * error_norm(problem, weights, diff2)
+    err_km2 = _at(sigma, k - 2) * norm_km2
     terr_km2 = (k - 1) * err_km2
     lower = where(k > 2, jnp.maximum(terr_km1, terr_km2) <= terr_k,
                       (k == 2) & (terr_km1 <= 0.5 * terr_k))
@@ -710,7 +742,7 @@ def _eta_power(base, k_new, other=None):
 
 def select_order_and_step(problem: Problem, s: State, weights: Weights, coef: Coefficients,
                           hist: Parts, corr: Parts, test: ErrorTest, h, k,
-                          failed=None) -> NextStep:
+                          failed=None, err_kp1=None) -> NextStep:
     """Order and step size for the step after an accepted one (IDAS `IDACompleteStep`,
     manual §6.2.2). In the initial phase (phase 0) the order rises by one and h doubles
     each step until the order is lowered or reaches its maximum. Afterwards, once k + 1
@@ -738,8 +770,9 @@ def select_order_and_step(problem: Problem, s: State, weights: Weights, coef: Co
     kdiff = k - s.k_used
     top = jnp.minimum(problem.max_order, MAXORD)
     phase = where((test.k_new == k - 1) | (k >= top), 1, s.phase)
-    err_kp1 = error_norm(problem, weights,
-                         corr.map(lambda c, h_: c - history_row(h_, k + 1), hist)) / (k + 2)
+    if err_kp1 is None:   # (else `stacked_norms`')
+        err_kp1 = error_norm(problem, weights,
+                             corr.map(lambda c, h_: c - history_row(h_, k + 1), hist)) / (k + 2)
     terr_kp1 = (k + 2) * err_kp1
     hold = (k >= top) | (k + 1 >= coef.ns) | (kdiff == 1)
     recovering = s.recovering
@@ -958,7 +991,8 @@ def attempt_step_part(problem: Problem, s: State, pending=None, iterations: int 
             sq=None if preds.sq is None else (sensitivities.quad_rate - preds.sq[1]) / cj)
 
     # --- error test, then the next step on success or the retry on failure -----------
-    test = error_test(problem, weights, coef, hist, corr, k)
+    norms = stacked_norms(problem, weights, hist, corr, k)
+    test = error_test(problem, weights, coef, hist, corr, k, norms)
     passed = (converged & (coef.ck * test.norm_k <= 1.0) & (t_new > s.t)
               & ~newton.mask_violated)
     jump = jump_record = None
@@ -970,7 +1004,8 @@ def attempt_step_part(problem: Problem, s: State, pending=None, iterations: int 
     # One power for both outcomes' step ratios (the attempt uses one of them).
     base_f, k_f = failure_power(test, k)
     accept = select_order_and_step(problem, s, weights, coef, hist, corr, test, h, k,
-                                   failed=(~passed, base_f, k_f))
+                                   failed=(~passed, base_f, k_f),
+                                   err_kp1=None if norms is None else norms[3])
     failure = handle_failure(problem, s, corrector, test, converged, passed, redo, h, k,
                              eta_power=accept.eta_power)
     at_min_step = h <= problem.min_step * (1 + 4 * uround)

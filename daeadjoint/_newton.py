@@ -18,7 +18,7 @@ predictor, with the iteration matrix J = F_y + cj_old F_y' of the last setup:
 """
 
 import functools
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import equinox as eqx
 import jax
@@ -148,6 +148,63 @@ def idle_iteration(y, linear_solver) -> _Iteration:
         lin_stats={k: zero for k in linear_solver.stat_names})
 
 
+def _all_finite(g) -> jax.Array:
+    """`jnp.all(jnp.isfinite(g))`; for a short vector as the `&` of its entries, which
+    XLA fuses into the operations that read it, where the reduction was an operation of
+    its own in every Newton iteration."""
+    if g.ndim != 1 or not 0 < g.shape[0] <= 8:
+        return jnp.all(jnp.isfinite(g))
+    return functools.reduce(jnp.logical_and, [jnp.isfinite(g[i]) for i in range(g.shape[0])])
+
+
+def _compact(t, cj, linear_solver, keep_mask: bool):
+    """(pack, unpack) of the unbatched Newton loop's carry, without what follows from
+    the rest and the start. Each scalar a loop carries is an entry of a packed vector
+    (`_ops.packed_while_loop`), and each vector costs an iteration its concatenate and
+    a copy (Robertson's iteration carried three, f64, int32 and bool; now two), and
+    each value set up before the loop for it alone an operation of the step. From a
+    start with e = 0 (no `resume`):
+
+    - `setup` (set J up before the next iteration) is the start's before the first
+      iteration and, after it, a retry's, which alone sets m back to 0;
+    - `jcur` (J set up in this call) is whether a setup was counted (`nje` > 0): a
+      retry clears `jcur` but sets `setup`, which sets it again at once;
+    - `cj_old` and the setup's t are this call's cj and t once J has been set up in it,
+      the start's before;
+    - `mask` stays False without a `mask_probe`, `lin_failed_any` without a linear
+      solver whose solves can fail (`solve_failed` not overridden).
+
+    The start's `setup` (as an int32, with the other counters), `cj_old` and t are
+    carried unchanged: `pack(c, start)` takes them from the packed carry `start` (the
+    iteration's input), or from `c` itself (None: the loop's initial carry).
+    `unpack(pack(c, ·))` is `c` for every carry the iteration reaches, so the iterates
+    are the same bit for bit."""
+    from ._linalg.linear_solver import AbstractLinearSolver
+    keep_lin_failed = type(linear_solver).solve_failed is not AbstractLinearSolver.solve_failed
+    false = jnp.zeros((), bool)
+
+    def pack(c: Any, start: Any) -> Any:
+        if start is None:
+            setup0 = jnp.asarray(c.setup).astype(jnp.int32)
+            cj_old0, t0 = c.cj_old, c.jac_point[0]
+        else:
+            setup0, cj_old0, t0 = start.setup, start.cj_old, start.jac_point[0]
+        return c._replace(setup=setup0, jcur=None, cj_old=cj_old0,
+                          jac_point=(t0,) + tuple(c.jac_point[1:]),
+                          mask=c.mask if keep_mask else None,
+                          lin_failed_any=c.lin_failed_any if keep_lin_failed else None)
+
+    def unpack(c: Any) -> Any:
+        had = c.nje > 0
+        return c._replace(setup=(c.m == 0) & ((c.nre > 0) | (c.setup != 0)), jcur=had,
+                          cj_old=where(had, cj, c.cj_old),
+                          jac_point=(where(had, t, c.jac_point[0]),) + tuple(c.jac_point[1:]),
+                          mask=c.mask if keep_mask else false,
+                          lin_failed_any=c.lin_failed_any if keep_lin_failed else false)
+
+    return pack, unpack
+
+
 def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
                  lin_state, jac_point, cj_old, ss, force_setup, linear: bool = False,
                  mask_probe=None, index2=None, iterations: int | None = None,
@@ -215,31 +272,41 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         ee = c.ee
         do_setup = c.setup if active is None else c.setup & active
 
-        def setup(operand):
-            # Where not `do_setup` (other members of a batch) every part is `operand`'s:
-            # the factors by `setup_where`, the rest selected here.
+        def refresh(lin_old, mask_old):
+            # J set up at the current iterate (where `do_setup`: `setup_where`), whether
+            # it is singular, the point (y, y') of the setup and the mask's probe.
             y_s, yp_s = y_pred + ee, yp_pred + cj * ee
             lin_new = setup_linear(linear_solver, residual, t, y_s, yp_s, cj, args,
                                    index2 if scale_cols else None,
-                                   where=(do_setup, operand[0]))
-            new = (linear_solver.is_singular(lin_new), (t, y_s, yp_s))
+                                   where=(do_setup, lin_old))
+            new = (linear_solver.is_singular(lin_new), (y_s, yp_s))
             if mask_probe is not None:
-                mask = operand[-1]
-                new = new + (mask | depends_on_yp(residual, t, y_s, yp_s, args, mask_probe),)
+                new = new + (mask_old | depends_on_yp(residual, t, y_s, yp_s, args,
+                                                      mask_probe),)
+            return lin_new, new
+
+        def setup(operand):
+            # Where not `do_setup` (other members of a batch) every part is `operand`'s:
+            # the factors by `setup_where`, the rest selected here.
+            lin_new, new = refresh(operand[0], None if mask_probe is None else operand[-1])
             return (lin_new,) + taken_where(do_setup, new, operand[1:])
 
         # Everything that changes only with a setup is computed in its one-trip loop
         # (not selected on every iteration: each select is an operation of the
         # iteration, and so is each copy XLA makes of a value the loop carries; hence
         # the mask only where it is probed). `do_setup` stands in for the singularity
-        # flag without a setup, where it is False.
-        operand = (c.lin, do_setup, c.jac_point) + (() if mask_probe is None else (c.mask,))
+        # flag without a setup, where it is False. The setup's t is this call's t, so
+        # it is selected rather than carried through the loop.
+        jac_t, *jac_yy_old = cast(tuple, c.jac_point)
+        extra = () if mask_probe is None else (c.mask,)
+        operand = (c.lin, do_setup, tuple(jac_yy_old)) + extra
         if fresh:
             # Set up on every call: straight-line, no one-trip loop.
-            lin, singular, jac_point, *probed = setup(operand)
+            lin, singular, jac_yy, *probed = setup(operand)
         else:
-            lin, singular, jac_point, *probed = maybe_update(do_setup, setup, operand,
-                                                             pass_operand=True, selects=True)
+            lin, singular, jac_yy, *probed = maybe_update(do_setup, setup, operand,
+                                                          pass_operand=True, selects=True)
+        jac_point = (where(do_setup, t, jac_t),) + tuple(jac_yy)
         mask = probed[0] if probed else c.mask
         singular = do_setup & singular
         cj_old_ = where(do_setup, cj, c.cj_old)
@@ -256,7 +323,7 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         # 2/(1 + cj/cj_old). Matrix-free solvers apply J at the current iterate and cj
         # (inexact Newton), so their update is not rescaled.
         scale = 1.0 if linear_solver.matrix_free else 2.0 / (1.0 + cj / cj_old_)
-        finite = jnp.all(jnp.isfinite(g))
+        finite = _all_finite(g)
         if solving is None:
             x, lin_stats = linear_solver.solve(lin, -g, weights=ewt, operator=operator)
         else:
@@ -323,7 +390,9 @@ def newton_solve(residual, args, linear_solver, t, y_pred, yp_pred, cj, ewt,
         # not finite), straight-line: no loop, nothing to retry.
         out = body(init._replace(setup=jnp.ones((), bool)))
     elif iterations is None:
-        out = packed_while_loop(cond, body, init)
+        pack, unpack = _compact(t, cj, linear_solver, keep_mask=mask_probe is not None)
+        out = unpack(packed_while_loop(lambda c: cond(unpack(c)),
+                                       lambda c: pack(body(unpack(c)), c), pack(init, None)))
     else:
         # Every member starts running (status 0: a fresh start or a resumed one), so
         # the first iteration needs no select; later ones keep the finished members —

@@ -138,9 +138,10 @@ def _packing(tree, part=None):
     simplifier first). Unfused, the concatenate is a thunk of its own
     and each operand (the select that keeps or replaces the scalar, the slice of the
     Newton loop's result) a small kernel of its own; within the limit they are all one
-    loop fusion. Robertson's State has 9 f64 scalars: as vectors of 4 and 5 the forward
-    step loop runs 40 thunks an attempt, as one vector 46 (the concatenate and 8 operand
-    kernels against 2 fusions and one more copy of the carry). Built instead by
+    loop fusion. Robertson's State had 9 f64 scalars: as vectors of 4 and 5 the forward
+    step loop ran 40 thunks an attempt, as one vector 46 (the concatenate and 8 operand
+    kernels against 2 fusions and one more copy of the carry); it has 8 since `ss_sens`
+    is None without forward sensitivities, one vector. Built instead by
     elementwise selects on an iota (`select(iota == j, s_j, …)`, 39 thunks) the vector is
     not recognized as the concatenation of another vector's slices, so the loops that
     pass the state through (`integrate`'s outer loop, the adjoint's replay) would rebuild
