@@ -66,15 +66,19 @@ def pytest_addoption(parser):
 # 39.9 -> 31.2 s at load ~2.5; the whole file 208 s wall at load 2-3.4 after it).
 # test_testset.py: scaled by its single-file `-n 0` wall time before/after the Gauss–Jordan
 # loop for 4 <= n <= 8 (2026-11-30, load ~3: 190.9 -> 132.7 s).
+# test_delays.py and test_events.py: scaled by the process's CPU seconds in single-file
+# `-n 0` runs before/after the delay residual was traced once per program and the
+# falling-body event checks dropped the untaken fallback (2026-11-30, load 2-5:
+# 102.1 -> 85.3, 142.7 -> 134.7).
 # Files not listed (a few seconds each, or only slow tests) count as 0 and run last.
 FILE_SECONDS = {
     "test_transformations.py": 190, "test_testset.py": 135, "test_linear_solvers.py": 245,
     "test_adjoint.py": 190, "test_krylov.py": 160, "test_singular_mass_matrix.py": 180,
     "test_right_answer_or_clear_failure.py": 185, "test_index2.py": 180,
-    "test_random_dae.py": 105, "test_breakpoints.py": 50, "test_events.py": 130,
+    "test_random_dae.py": 105, "test_breakpoints.py": 50, "test_events.py": 123,
     "test_closures.py": 155, "test_user_inputs_and_messages.py": 150,
     "test_initialization.py": 120, "test_ensemble.py": 120, "test_forward.py": 105,
-    "test_delays.py": 80, "test_sharding.py": 50, "test_failure_paths.py": 45,
+    "test_delays.py": 67, "test_sharding.py": 50, "test_failure_paths.py": 45,
     "test_ensemble_queue.py": 25, "test_configuration.py": 15, "test_bdf.py": 10,
     "test_heat_equation_gradient.py": 5, "test_gpu_lowering.py": 5,
     "test_jax_internals.py": 5,

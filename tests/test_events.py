@@ -37,11 +37,24 @@ THETA = jnp.array([10.0, 2.0, 9.81])      # h0, v0, g
 EV_BODY = dae.Event(lambda t, y, yp, a: jnp.where(a[1] > 0.5, y[2], y[0]), direction=-1)
 
 
+# The falling body's reverse-mode checks (against its exact derivatives) use the
+# continuous adjoint without its fallback to the discrete adjoint: the fallback is never
+# taken here (the backward solve succeeds), and its branch is a quarter of a gradient
+# program's compilation (docs/performance.md). The default `Adjoint()` with the fallback
+# stays compiled under an event in test_robertson_stopped_at_y3_one_half_vs_ida,
+# test_failed_batch_member_gets_nan_derivatives and
+# tests/test_closures.py::test_event_condition_closure; the fallback's own answers are
+# tests/test_adjoint.py's test_fallback_equals_the_discrete_adjoint_of_the_same_steps and
+# test_fallback_in_a_batch_only_where_the_continuous_adjoint_fails.
+ADJOINT = dae.Adjoint(fallback=False)
+
+
 def _body_event(theta, which=0.0, rtol=RTOL):
     h0, v0, g = theta[0], theta[1], theta[2]
     sol = dae.solve(body, 0.0, 10.0, jnp.stack([h0, v0, h0 - 1.0]),
                     args=jnp.stack([g, jnp.asarray(which, g.dtype)]), algebraic=ALG,
-                    event=EV_BODY, rtol=rtol, atol=rtol, saveat=jnp.array([0.5, 9.0]))
+                    event=EV_BODY, rtol=rtol, atol=rtol, saveat=jnp.array([0.5, 9.0]),
+                    sensitivity=ADJOINT)
     return sol
 
 

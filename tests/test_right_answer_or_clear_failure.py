@@ -292,10 +292,15 @@ def test_hessian_with_respect_to_a_traced_t0():
     """jax.hessian with respect to t0 (traced, so a row may be at t0 and its y' and y''
     are computed) of z(t1) for `_index1`: exact q x0 (q - p)² e^((q - p)(t1 - t0)), to
     the bound. (It failed to trace when those rows went through JAX's
-    custom_linear_solve, whose JVP rule bound a symbolic zero in the transposed solve.)"""
+    custom_linear_solve, whose JVP rule bound a symbolic zero in the transposed solve.)
+    The continuous adjoint without its fallback to the discrete adjoint (never taken
+    here: the backward solve succeeds; the branch is a quarter of the program's
+    compilation): the default `Adjoint()` under jax.hessian, fallback included, is
+    test_reverse_mode_for_a_float32_parameter_of_a_float64_solve's."""
     def z1(t0):
         return dae.solve(_index1, t0, 1.0, jnp.array([1.3, 5.0]), args=jnp.array([0.9, 0.4]),
-                         algebraic=jnp.array([False, True]), rtol=RTOL, atol=RTOL).ys[-1, 1]
+                         algebraic=jnp.array([False, True]), rtol=RTOL, atol=RTOL,
+                         sensitivity=dae.Adjoint(fallback=False)).ys[-1, 1]
 
     t0 = 0.3
     want = 0.4 * 1.3 * 0.25 * np.exp(-0.5 * (1.0 - t0))

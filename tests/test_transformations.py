@@ -21,8 +21,9 @@ from .test_adjoint import (CONTINUOUS, KIN_TS, KIN_W, ROB_ATOL, hvp_vs_fd, kinet
 # against exact derivatives, forward mode and differences below: the continuous
 # adjoint's answers, a failed backward integration raising instead of passing with the
 # discrete adjoint's gradient, and no fallback branch to compile. The default
-# `Adjoint()` (with the fallback) stays in the batched gradients here and in
-# test_user_inputs_and_messages.py::test_every_transformation_and_second_order.
+# `Adjoint()` (with the fallback) stays in the batched gradients here and, under forward
+# over reverse (jax.hessian), in
+# test_right_answer_or_clear_failure.py::test_reverse_mode_for_a_float32_parameter_of_a_float64_solve.
 
 # ------------------------------------------------------- R1: forward sensitivities
 # (dG/dp by forward mode against the adjoint's: tests/test_adjoint.py's

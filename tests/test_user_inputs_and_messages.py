@@ -247,12 +247,21 @@ def test_every_transformation_and_second_order():
     jax.hessian (jacfwd of jacrev) with the DiscreteAdjoint above and with the adjoint in
     tests/test_transformations.py, two more compositions below. Each composition is
     jitted: one program each (eagerly, the pieces of the nested transformations compile
-    one by one: 124 CPU s of compilation against 82 s jitted, the same values)."""
+    one by one: 124 CPU s of compilation against 82 s jitted, the same values).
+    jvp-of-grad differentiates the continuous adjoint without its fallback to the
+    discrete adjoint (never taken here; the branch is a quarter of a gradient program's
+    compilation): forward over the default `Adjoint()`, fallback included, is
+    tests/test_right_answer_or_clear_failure.py's float32 Hessian (jacfwd of jacrev)."""
     k = 0.5
     e = np.exp(-k)
     lin = jax.jit(lambda k: jax.linearize(y_end, k)[1](1.0))(k)
     assert abs(float(lin) + e) <= BOUND
-    hvp = jax.jit(lambda k: jax.jvp(jax.grad(y_end), (k,), (1.0,))[1])(k)
+
+    def y_end_adjoint(k):
+        return dae.solve(decay, 0.0, 1.0, jnp.ones(1), args=k, rtol=RTOL, atol=RTOL,
+                         sensitivity=dae.Adjoint(fallback=False)).ys[-1, 0]
+
+    hvp = jax.jit(lambda k: jax.jvp(jax.grad(y_end_adjoint), (k,), (1.0,))[1])(k)
     assert abs(float(hvp) - e) <= BOUND
     assert abs(float(jax.jit(jax.jacfwd(jax.jacfwd(y_end)))(k)) - e) <= BOUND
 

@@ -454,7 +454,7 @@ def _checkpointed(static, dyn, every, bw, data_with, tau, span, breaks, bw_kwarg
     `solve_delayed` and `_run`: the same program, driven a segment at a time), and
     whether everything succeeded (with `throw`, a failure raises its status)."""
     from . import checkpoint
-    from .buffer import DelayArgs, DelayBuffer, DelayResidual
+    from .buffer import DelayArgs, DelayBuffer, delay_residual
     from .solve import DelayQuadrature, Model, Params, breaking_points
     model, n = static["model"], static["n"]
     p, y0, t0 = dyn["params"], dyn["y0"], dyn["t0"]
@@ -467,7 +467,7 @@ def _checkpointed(static, dyn, every, bw, data_with, tau, span, breaks, bw_kwarg
     buf = DelayBuffer.empty(jax.lax.stop_gradient(t0), jax.lax.stop_gradient(jnp.max(tau_f)),
                             dyn["bps"], static["history_steps"], n, dtype)
     fwd_config, fwd_inputs = checkpoint.configure(
-        DelayResidual(model=model.primal, history=model.h), t0, dyn["t1"], y0, dyn["yp0"],
+        delay_residual(model.primal, model.h), t0, dyn["t1"], y0, dyn["yp0"],
         DelayArgs(user=p, tau=tau_f, buffer=buf), saveat=dyn["saveat"], breakpoints=dyn["bps"],
         max_step=dyn["max_step"], **kwargs)
     # The backward solve as `solve_delayed` and `_run` build it for a given lag array.
@@ -483,7 +483,7 @@ def _checkpointed(static, dyn, every, bw, data_with, tau, span, breaks, bw_kwarg
         params = Params(args=data_with(window), y_hist=None, tau_given=tau, residual=None,
                         history=None, quadrature=None)
         return checkpoint.configure(
-            DelayResidual(model=bw_model.primal, history=bw_model.h), zero, span,
+            delay_residual(bw_model.primal, bw_model.h), zero, span,
             jnp.zeros((n,), dtype), None, DelayArgs(user=params, tau=tau, buffer=bw_buf),
             saveat=jnp.reshape(span, (1,)), breakpoints=bps, max_step=jnp.min(tau),
             quadrature=DelayQuadrature(model=bw_model), **kw)

@@ -63,7 +63,7 @@ from .._jax_internals import (UndefinedPrimal, being_linearized, create_vprim,
                               filter_primitive_transpose, nondifferentiable_backward,
                               shaped_array)
 from .._validation import _concrete
-from .buffer import DelayArgs, DelayBuffer, DelayResidual
+from .buffer import DelayArgs, DelayBuffer, delay_residual
 
 # Options of `solve` that a delay DAE does not support yet (name: why).
 UNSUPPORTED = {
@@ -457,7 +457,7 @@ def _run(static, dyn, augmented_tangent=None):
     p, y0, t0 = dyn["params"], dyn["y0"], dyn["t0"]
     dtype = y0.dtype
     if augmented_tangent is None:
-        core_residual = DelayResidual(model=model.primal, history=model.h)
+        core_residual = delay_residual(model.primal, model.h)
         if model.quadrature is not None:
             kwargs["quadrature"] = DelayQuadrature(model=model)
         user = p
@@ -467,7 +467,7 @@ def _run(static, dyn, augmented_tangent=None):
         p_dot, y0_dot = augmented_tangent   # leading axis k: the directions
         k = y0_dot.shape[0]
         aug = Augmented(model=model, n=n, k=k)
-        core_residual = DelayResidual(model=aug.residual, history=aug.history, derivatives=True)
+        core_residual = delay_residual(aug.residual, aug.history, derivatives=True)
         user = (p, p_dot)
         tau = model.tau(p)
         start, yp0 = jnp.concatenate([y0, y0_dot.reshape(-1)]), None
@@ -628,7 +628,7 @@ def _forward_dense(static, dyn):
     tau = model.tau(p)
     buffer = DelayBuffer.empty(jax.lax.stop_gradient(t0), jax.lax.stop_gradient(jnp.max(tau)),
                                dyn["bps"], static["history_steps"], y0.shape[0], y0.dtype)
-    return solve(DelayResidual(model=model.primal, history=model.h), t0, dyn["t1"], y0,
+    return solve(delay_residual(model.primal, model.h), t0, dyn["t1"], y0,
                  dyn["yp0"], DelayArgs(user=p, tau=tau, buffer=buffer), saveat=dyn["saveat"],
                  breakpoints=dyn["bps"], max_step=dyn["max_step"], **kwargs)
 
