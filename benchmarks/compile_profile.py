@@ -49,11 +49,15 @@ of the computations that are not fused bodies nor the scalar functions of reduct
 scatters and sorts: all but parameters, constants, tuples, get-tuple-elements and
 bitcasts; the copies XLA inserts into loops among them) and HLO instructions (fused
 bodies included) by phase. An instruction's phase is the path of labels in its
-`op_name` (a fusion's is its root's): the outermost (`forward`, `tangent`, `backward`,
-...) then the innermost of the backward pass's pieces (`replay`, `adjoint_steps`,
-`restart`, `at_t0`, `fallback` ...) and the innermost of the shared ones (`newton`,
-`jac_setup`, `consistency`, `outputs`); "(other)" is what carries no label (XLA's
-copies, the code around the solve). The labels are listed in `CENSUS`.
+`op_name` (a fusion's is its root's): the second-order term it belongs to, if any
+(`hessian_total`, `hessian`: the augmented DAE's solves), the outermost run (`forward`,
+`tangent`, `fused`: the state with its sensitivities in one run, as under `jacfwd`,
+`backward`, ...) then the innermost of the backward pass's pieces (`replay`,
+`adjoint_steps`, `restart`, `at_t0`, `fallback` ...) and the innermost of the shared ones
+(`newton`, `jac_setup`, `consistency`, `outputs`, `step`, `sens_corrector`); "(other)" is
+what carries no label (XLA's copies, the code around the solve). The labels are listed
+in `CENSUS`. With `DAE_CENSUS_DUMP=DIR` each program's optimized HLO text is written to
+DIR/PROGRAM.hlo.txt, to read a piece's instructions by hand.
 
 `--tree PATH` runs the same measurements on the daeadjoint of another checkout (e.g.
 `git archive main | tar -x -C /tmp/old`), so that two versions can be compared with one
