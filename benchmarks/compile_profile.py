@@ -49,11 +49,15 @@ of the computations that are not fused bodies nor the scalar functions of reduct
 scatters and sorts: all but parameters, constants, tuples, get-tuple-elements and
 bitcasts; the copies XLA inserts into loops among them) and HLO instructions (fused
 bodies included) by phase. An instruction's phase is the path of labels in its
-`op_name` (a fusion's is its root's): the outermost (`forward`, `tangent`, `backward`,
-...) then the innermost of the backward pass's pieces (`replay`, `adjoint_steps`,
-`restart`, `at_t0`, `fallback` ...) and the innermost of the shared ones (`newton`,
-`jac_setup`, `consistency`, `outputs`); "(other)" is what carries no label (XLA's
-copies, the code around the solve). The labels are listed in `CENSUS`.
+`op_name` (a fusion's is its root's): the second-order term it belongs to, if any
+(`hessian_total`, `hessian`: the augmented DAE's solves), the outermost run (`forward`,
+`tangent`, `fused`: the state with its sensitivities in one run, as under `jacfwd`,
+`backward`, ...) then the innermost of the backward pass's pieces (`replay`,
+`adjoint_steps`, `restart`, `at_t0`, `fallback` ...) and the innermost of the shared ones
+(`newton`, `jac_setup`, `consistency`, `outputs`, `step`, `sens_corrector`); "(other)" is
+what carries no label (XLA's copies, the code around the solve). The labels are listed
+in `CENSUS`. With `DAE_CENSUS_DUMP=DIR` each program's optimized HLO text is written to
+DIR/PROGRAM.hlo.txt, to read a piece's instructions by hand.
 
 `--tree PATH` runs the same measurements on the daeadjoint of another checkout (e.g.
 `git archive main | tar -x -C /tmp/old`), so that two versions can be compared with one
@@ -85,6 +89,9 @@ BATCH = 16
 CENSUS = [
     ("daeadjoint._core", "run_forward", "forward"),
     ("daeadjoint._core", "run_tangent", "tangent"),
+    ("daeadjoint._core", "run", "fused"),
+    ("daeadjoint._derivatives.autodiff", "_hessian_total_value", "hessian_total"),
+    ("daeadjoint._derivatives.autodiff", "_hessian_value", "hessian"),
     ("daeadjoint._consistency", "consistent_values", "init"),
     ("daeadjoint._consistency", "initial_sensitivities", "init"),
     ("daeadjoint._derivatives.adjoint", "backward", "backward"),
@@ -104,10 +111,18 @@ CENSUS = [
     ("daeadjoint._newton", "setup_linear", "jac_setup"),
     ("daeadjoint._consistency", "consistency_solve", "consistency"),
     ("daeadjoint._consistency", "split_at", "consistency"),
+    ("daeadjoint._integrator", "attempt_step_part", "step"),
+    ("daeadjoint._integrator", "correct_sensitivities", "sens_corrector"),
+    ("daeadjoint._derivatives.forward_sensitivity", "sensitivity_corrector", "sens_corrector"),
+    ("daeadjoint._derivatives.forward_sensitivity", "quadrature_sensitivities", "sens_quad"),
     ("daeadjoint._integrator", "write_outputs", "outputs"),
     ("daeadjoint._integrator", "write_output_rows", "outputs"),
 ]
-OUTER = ["forward", "tangent", "init", "backward"]
+# Second-order terms (forward over adjoint): a prefix to the rest of the path. `fused` is
+# `_core.run` itself: the state with its sensitivities in one run (`jacfwd`), or inside
+# `forward`/`tangent`, which name it.
+SECOND = ["hessian_total", "hessian"]
+OUTER = ["forward", "tangent", "fused", "init", "backward"]
 PIECES = ["replay", "adjoint_steps", "restart", "at_t0", "at_t0_check", "observations",
           "fallback"]
 
@@ -163,8 +178,10 @@ def census(text: str) -> dict:
         labels = re.findall(r"DAE_(\w+)", name[1]) if name else []
         outer = [x for x in labels if x in OUTER]
         piece = [x for x in labels if x in PIECES]
-        shared = [x for x in labels if x not in OUTER and x not in PIECES]
-        key = " > ".join([outer[0] if outer else "(other)"] + piece[-1:] + shared[-1:])
+        second = [x for x in labels if x in SECOND]
+        shared = [x for x in labels if x not in OUTER and x not in PIECES and x not in SECOND]
+        key = " > ".join(second[:1] + [outer[0] if outer else "(other)"] + piece[-1:]
+                         + shared[-1:])
         row = out.setdefault(key, [0, 0, 0])
         row[0] += m[2] == "fusion"
         row[1] += not in_fused
@@ -313,7 +330,10 @@ def child(program: str, tree: str, out: str, cache: str | None, lower_only: bool
         return
     if census_run:
         compiled = lowered.compile()
-        r.update(census=census(compiled.as_text()))
+        text = compiled.as_text()
+        if os.environ.get("DAE_CENSUS_DUMP"):      # the optimized HLO, to read by hand
+            Path(os.environ["DAE_CENSUS_DUMP"], f"{program}.hlo.txt").write_text(text)
+        r.update(census=census(text))
         Path(out).write_text(json.dumps(r))
         return
     print("@@XLA-START", flush=True)

@@ -207,11 +207,18 @@ def _float0_like(x):
     return np.zeros(jnp.shape(x), dtype=jax.dtypes.float0)
 
 
-def consistent_values(config, inputs):
+def consistent_values(config, inputs, known=None):
     """(y0, y'0, ok, (reason, worst)) consistent for `config.init`; with `init=None` the
     inputs themselves. `reason` indexes `_initialization.REASONS` (0: converged) and
     `worst` is the component a failure message names (−1: none). Derivatives by the
-    implicit function theorem (see the module docstring)."""
+    implicit function theorem (see the module docstring).
+
+    `known`: the (y0, y'0) this initialization gave before for the same config and
+    inputs (a recorded run's), returned as they are (ok, reason 0, worst −1) with the
+    same derivatives, instead of a second Newton iteration, which XLA would compile once
+    more (where the derivative is all that is needed: `DiscreteAdjoint`'s cotangents at
+    t0, the augmented DAE of second-order derivatives). Ignored where the initialization
+    runs in rotated coordinates (no mask, `auto_split`)."""
     if config.init is None:
         zero = jnp.zeros((), jnp.int32)
         return inputs.y0, inputs.yp0, jnp.ones((), bool), (zero, zero - 1)
@@ -222,6 +229,7 @@ def consistent_values(config, inputs):
     # (I − Π)y0 with Π = V₀V₀ᵀ, as in every other use of the split (`Split`).
     rotate = config.auto_split and config.init == "ya_ydp" and inputs.constraints is None
     if rotate:
+        known = None   # the Newton iteration's unknowns are z = Vᵀy there
         V, algebraic = _null_space_basis(config.residual, inputs.t0, y0, yp0, inputs.args)
         config = dataclasses.replace(config, residual=_Rotated(config.residual, V))
         y0, yp0 = y0 @ V, yp0 @ V
@@ -232,13 +240,16 @@ def consistent_values(config, inputs):
     # IDACalcIC measures the y' unknowns on the time scale of the first output time.
     t_out = jnp.min(where(inputs.saveat > inputs.t0, inputs.saveat, inputs.t1))
     fixed = (algebraic, inputs.rtol, atol, t_out, config_dyn, static_arrays,
-             inputs.constraints)
+             inputs.constraints, known)
 
     # Every array is an explicit argument (a closed-over tracer would leak); `fixed`
     # has no derivative.
     @jax.custom_jvp
     def solve_init(t0, y0, yp0, d, fixed):
-        algebraic, rtol, atol, t_out, cdyn, sarr, constraints = fixed
+        algebraic, rtol, atol, t_out, cdyn, sarr, constraints, known = fixed
+        if known is not None:
+            zero = jnp.zeros((), jnp.int32)
+            return known[0], known[1], jnp.ones((), bool), (zero, zero - 1)
         cfg = eqx.combine(cdyn, config_static)
         r = calc_ic(cfg.residual, t0, y0, yp0, eqx.combine(d, sarr, static), algebraic,
                     cfg.init, rtol, atol, cfg.linear_solver, constraints, tout=t_out)
@@ -248,7 +259,7 @@ def consistent_values(config, inputs):
     def solve_init_jvp(primals, tangents):
         t0, y0, yp0, d, fixed = primals
         t0d, y0d, yp0d, dd, _ = tangents
-        algebraic, _, _, _, cdyn, sarr, _ = fixed
+        algebraic, _, _, _, cdyn, sarr, _, _ = fixed
         cfg = eqx.combine(cdyn, config_static)
         m = unknown_mask(cfg.init, algebraic).astype(y0.dtype)
         y, yp, ok, worst = solve_init(t0, y0, yp0, d, fixed)

@@ -339,7 +339,8 @@ def _first_step(problem, inputs, h_heuristic):
 
 
 def run(config: Config, inputs: Inputs, record: bool = False,
-        tangents: "Tangents | None" = None, k: int = 0, progress: bool = True):
+        tangents: "Tangents | None" = None, k: int = 0, progress: bool = True,
+        consistent=None):
     """Consistent initialization and the forward integration, optionally carrying k
     forward-sensitivity directions (IDAS's staggered corrector,
     `_derivatives/forward_sensitivity.py`).
@@ -351,8 +352,9 @@ def run(config: Config, inputs: Inputs, record: bool = False,
     caller to report. With sensitivities under full error control the state takes the
     steps the sensitivities need too (as in IDAS), so its values differ from a run
     without them within the tolerances; the Core's statistics are the run's, less the
-    sensitivity residual count (so that both runs give the same pytree)."""
-    problem, carry, start = begin(config, inputs, record, tangents, k, progress)
+    sensitivity residual count (so that both runs give the same pytree). `consistent`:
+    see `begin`."""
+    problem, carry, start = begin(config, inputs, record, tangents, k, progress, consistent)
     state, outputs, recorders, events = carry
     carry = integrate(problem, state, outputs, inputs.t1, config.max_steps, recorders, events)
     return end(config, inputs, carry, start, record, tangents, k)
@@ -368,11 +370,21 @@ class Start(NamedTuple):
 
 
 def begin(config: Config, inputs: Inputs, record: bool = False,
-          tangents: "Tangents | None" = None, k: int = 0, progress: bool = True):
+          tangents: "Tangents | None" = None, k: int = 0, progress: bool = True,
+          consistent=None):
     """`run` up to its integration: (problem, (state, outputs, recorders, events),
     Start). The carry resumes: `integrate` with a step budget (`until`) may be called on
-    it again and again (`solve_ensemble`'s queue advances members a segment at a time)."""
-    y0, yp0, init_ok, worst = consistent_values(config, inputs)
+    it again and again (`solve_ensemble`'s queue advances members a segment at a time).
+    `consistent`: (y0, y'0, ok) of an earlier run with the same config and inputs (the
+    recorded primal run's, `run_tangent`), instead of a second consistent initialization
+    (`consistent_values`, a Newton loop XLA would compile once more); `ok` false makes
+    the start fail as a failed initialization does."""
+    if consistent is None:
+        y0, yp0, init_ok, worst = consistent_values(config, inputs)
+    else:
+        y0, yp0, init_ok = consistent
+        zero = jnp.zeros((), jnp.int32)
+        worst = (zero, zero - 1)
     n, dtype = y0.shape[0], y0.dtype
     t0, t1, saveat = inputs.t0, inputs.t1, inputs.saveat
     f_given, mask_bad = _given_residual(config, inputs)
@@ -456,10 +468,13 @@ def run_forward(config: Config, inputs: Inputs, record: bool = False):
     return core, rec
 
 
-def run_tangent(config: Config, inputs: Inputs, tangents: "Tangents", k: int):
+def run_tangent(config: Config, inputs: Inputs, tangents: "Tangents", k: int,
+                consistent=None):
     """The run carrying k sensitivity directions, for its tangent outputs only (see
-    `run`): ((yd_dot, qs_dot, event_t_dot, event_yd_dot), result)."""
-    _, _, dots = run(config, inputs, tangents=tangents, k=k, progress=False)
+    `run`): ((yd_dot, qs_dot, event_t_dot, event_yd_dot), result). `consistent`: the
+    recorded primal run's consistent initial values (see `begin`)."""
+    _, _, dots = run(config, inputs, tangents=tangents, k=k, progress=False,
+                     consistent=consistent)
     return dots
 
 

@@ -295,14 +295,17 @@ set_partial_eval_rule(primal_tangent_p, _unfused)
 # ------------------------------------------------------- the augmented system T(x, u)
 
 
-def augmented(config, inputs: Inputs, u: Tangents):
+def augmented(config, inputs: Inputs, u: Tangents, rec=None):
     """T(x, u) = ((yd, qs), (L(x) u)) from one solve of the augmented DAE (G) (see the
     module docstring), differentiable in `inputs`' differentiable part and in `u` (one
-    direction, all parts present)."""
+    direction, all parts present). `rec`: the primal run's Record at these inputs, whose
+    consistent initial values are then those of (G)'s start (`consistent_values`'
+    `known`: the same values and derivatives, one Newton loop fewer in the program)."""
     if config.index2:
         raise ValueError(INDEX2_SECOND_ORDER_MESSAGE)
     n = inputs.y0.shape[0]
-    y0, yp0, _, _ = consistent_values(config, inputs)
+    known = None if rec is None else (rec.y0, rec.yp0)
+    y0, yp0, _, _ = consistent_values(config, inputs, known=known)
     one = jax.tree_util.tree_map(lambda x: x[None], u)
     s0, sp0, qs0, _, _ = initial_sensitivities(config, inputs, y0, yp0, one, 1)
     s0, sp0, qs0 = s0[0], sp0[0], qs0[0]
@@ -351,7 +354,12 @@ def _tangent_impl(config, inputs, rec, t, ndir):
     """(ẏd, q̇s, ṫ*, ẏd*) — tangents of the dense output, quadratures and event roots."""
     k = 1 if ndir is None else ndir
     tk = t if ndir is not None else jax.tree_util.tree_map(lambda x: x[None], t)
-    dots, result = run_tangent(config, inputs, tk, k)
+    # The recorded primal run (same config and inputs) has the consistent initial values
+    # already: its (y0, y'0) instead of a second consistent initialization (a Newton
+    # loop: ~65 kernels of a Hessian's program). A primal run that failed makes this
+    # one fail at its start; its derivatives are NaN either way (`_flag_failure`).
+    dots, result = run_tangent(config, inputs, tk, k,
+                               consistent=(rec.y0, rec.yp0, succeeded(rec.result)))
     # Rows a terminal event left unreached (inf) carry no derivative.
     dots = tuple(jnp.where(jnp.isfinite(d), d, 0.0) for d in dots)
     dots = _flag_failure(config, result, rec.result, dots)
@@ -584,7 +592,7 @@ def _hessian_value(config, inputs, ct, x_dot, wanted):
     return _restrict(xbar, wanted)
 
 
-def _hessian_total_value(config, inputs, ct, ct_dot, x_dot, wanted):
+def _hessian_total_value(config, inputs, rec, ct, ct_dot, x_dot, wanted):
     """L(x)ᵀ δȳ + H(x, ȳ) δx = ∂_x [⟨δȳ, y(x)⟩ + ⟨ȳ, L(x) δx⟩]: the vjp with respect to x
     of both outputs of T at u = δx with cotangent (δȳ, ȳ) (the module docstring) — one
     forward and one adjoint solve of the augmented DAE (G), whose adjoint carries the
@@ -594,7 +602,7 @@ def _hessian_total_value(config, inputs, ct, ct_dot, x_dot, wanted):
     u = _full(inputs, x_dot)
 
     def T(xd_):
-        primal, tangent, _ = augmented(config, _with_differentiable(inputs, xd_), u)
+        primal, tangent, _ = augmented(config, _with_differentiable(inputs, xd_), u, rec)
         return primal, tangent
 
     _, vjp = jax.vjp(T, xd)
@@ -604,11 +612,10 @@ def _hessian_total_value(config, inputs, ct, ct_dot, x_dot, wanted):
 
 
 def _hessian_total_impl(config, inputs, rec, ct, ct_dot, x_dot, wanted, ndir):
-    del rec   # an operand only for the unfused form (`_hessian_total_unfused`)
     if ndir is None:
-        return _hessian_total_value(config, inputs, ct, ct_dot, x_dot, wanted)
-    return jax.vmap(lambda c, cd: _hessian_total_value(config, inputs, c, cd, x_dot, wanted))(
-        ct, ct_dot)
+        return _hessian_total_value(config, inputs, rec, ct, ct_dot, x_dot, wanted)
+    return jax.vmap(lambda c, cd: _hessian_total_value(config, inputs, rec, c, cd, x_dot,
+                                                       wanted))(ct, ct_dot)
 
 
 def _hessian_total_abstract(config, inputs, rec, ct, ct_dot, x_dot, wanted, ndir):

@@ -457,7 +457,9 @@ def initial_value_tangents(sw: Sweep, inputs, rec, h1, bars, p_events) -> Tangen
 
     def from_inputs(y0_, yp0_, p):
         inp = dataclasses.replace(inputs, y0=y0_, yp0=yp0_, args=eqx.combine(unravel(p), pst))
-        y0v, yp0v, _, _ = consistent_values(config, inp)
+        # The recorded run's consistent values, differentiated by the implicit function
+        # theorem: no second initialization (a Newton loop) in the program.
+        y0v, yp0v, _, _ = consistent_values(config, inp, known=(y0c, yp0c))
         phi, phiq, _ = _initial_history(rp, t0, y0v, yp0v, h1, p)
         return phi, phiq
 
